@@ -1,0 +1,58 @@
+"""Models: MLP, small CNN, small ResNet (Keras 2 functional API)."""
+from __future__ import annotations
+
+import tensorflow as tf
+
+from .errors import HetgradError
+
+layers = tf.keras.layers
+
+
+def mlp(input_shape, num_classes: int, width: int = 128) -> tf.keras.Model:
+    inp = tf.keras.Input(input_shape)
+    x = layers.Flatten()(inp)
+    x = layers.Dense(width, activation="relu")(x)
+    x = layers.Dense(width, activation="relu")(x)
+    return tf.keras.Model(inp, layers.Dense(num_classes)(x), name="mlp")
+
+
+def cnn(input_shape, num_classes: int, width: int = 32) -> tf.keras.Model:
+    inp = tf.keras.Input(input_shape)
+    x = layers.Conv2D(width, 3, padding="same", activation="relu")(inp)
+    x = layers.Conv2D(width, 3, padding="same", activation="relu")(x)
+    x = layers.MaxPooling2D(2)(x)
+    x = layers.Conv2D(2 * width, 3, padding="same", activation="relu")(x)
+    x = layers.GlobalAveragePooling2D()(x)
+    x = layers.Dense(128, activation="relu")(x)
+    return tf.keras.Model(inp, layers.Dense(num_classes)(x), name="cnn")
+
+
+def resnet(input_shape, num_classes: int, width: int = 32, blocks: int = 3) -> tf.keras.Model:
+    """A small pre-activation ResNet without batch norm (BN statistics are biased under
+    unequal batches, see docs/design.md); residual blocks with a scaled identity path."""
+    inp = tf.keras.Input(input_shape)
+    x = layers.Conv2D(width, 3, padding="same")(inp)
+    for _ in range(blocks):
+        h = layers.Activation("relu")(x)
+        h = layers.Conv2D(width, 3, padding="same", activation="relu")(h)
+        h = layers.Conv2D(width, 3, padding="same")(h)
+        x = layers.Add()([x, h])
+    x = layers.Activation("relu")(x)
+    x = layers.GlobalAveragePooling2D()(x)
+    return tf.keras.Model(inp, layers.Dense(num_classes)(x), name="resnet")
+
+
+def wide_mlp(input_shape, num_classes: int, width: int = 1024) -> tf.keras.Model:
+    """About 1-2M parameters: for allreduce overhead benchmarks."""
+    return mlp(input_shape, num_classes, width)
+
+
+MODELS = {"mlp": mlp, "cnn": cnn, "resnet": resnet, "wide-mlp": wide_mlp}
+
+
+def build(name: str, input_shape, num_classes: int, seed: int = 0) -> tf.keras.Model:
+    """Build model ``name`` with weights seeded by ``seed`` (same on every rank)."""
+    if name not in MODELS:
+        raise HetgradError(f"unknown model {name!r}; choose from {sorted(MODELS)}", flag="--model")
+    tf.keras.utils.set_random_seed(seed)
+    return MODELS[name](tuple(input_shape), num_classes)

@@ -1,0 +1,79 @@
+"""Process set-up shared by every command: MPI, Horovod, TF threads and device placement."""
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from contextlib import contextmanager
+
+from .errors import HetgradError
+
+
+def configure_tf(threads: int = 1, device: str = "cpu") -> str:
+    """Limit TF threads (several ranks share the cores) and pick ``cpu``, ``gpu`` or ``auto``.
+
+    Returns the device string used for placement, e.g. ``/CPU:0`` or ``/GPU:0``.
+    """
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf
+
+    if device not in ("cpu", "gpu", "auto"):
+        raise HetgradError(f"unknown device {device!r}; use cpu, gpu or auto", flag="--device")
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(threads)
+    gpus = tf.config.list_physical_devices("GPU")
+    if device == "gpu" and not gpus:
+        raise HetgradError("--device gpu asked for, but this rank sees no GPU", flag="--device")
+    if device == "cpu" or not gpus:
+        tf.config.set_visible_devices([], "GPU")
+        return "/CPU:0"
+    import horovod.tensorflow as hvd
+    gpu = gpus[hvd.local_rank() % len(gpus)]
+    tf.config.set_visible_devices([gpu], "GPU")
+    tf.config.experimental.set_memory_growth(gpu, True)
+    return "/GPU:0"
+
+
+def init():
+    """Initialise MPI (mpi4py, thread-multiple) then Horovod on the same world; return comm."""
+    from mpi4py import MPI
+    import horovod.tensorflow as hvd
+
+    hvd.init()
+    return MPI.COMM_WORLD
+
+
+@contextmanager
+def fail_fast():
+    """Turn any error on any rank into a one-line message naming the rank, then end all ranks.
+
+    A rank that fails alone would leave the others blocked in a collective, so with more than
+    one rank we call ``MPI_Abort``; exit code 2 for user errors, 1 otherwise.
+    """
+    try:
+        yield
+    except SystemExit:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - we report and abort on anything
+        code = 2 if isinstance(exc, HetgradError) else 1
+        rank, size = _rank_size()
+        where = f" on rank {rank}/{size}" if size > 1 else ""
+        if code == 1:
+            traceback.print_exc()
+        print(f"hetgrad: error{where}: {exc}", file=sys.stderr, flush=True)
+        if size > 1:
+            from mpi4py import MPI
+            MPI.COMM_WORLD.Abort(code)
+        sys.exit(code)
+
+
+def _rank_size() -> tuple[int, int]:
+    for r, s in (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMI_RANK", "PMI_SIZE"),
+                 ("SLURM_PROCID", "SLURM_NTASKS")):
+        if r in os.environ:
+            return int(os.environ[r]), int(os.environ.get(s, 1))
+    try:
+        from mpi4py import MPI
+        return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+    except Exception:  # noqa: BLE001
+        return 0, 1

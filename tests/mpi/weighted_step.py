@@ -1,0 +1,90 @@
+"""One optimizer step on 3 ranks with unequal batches vs one process on the concatenated batch.
+
+Every rank builds the same model and the same global batch from a seed, trains on its own
+slice, and also computes the single-process reference; rank 0 writes the max differences.
+Usage: weighted_step.py OUT.json
+"""
+import json
+import sys
+
+import numpy as np
+import horovod.tensorflow as hvd
+import horovod.tensorflow.keras as hvd_keras
+import tensorflow as tf
+
+import hetgrad.keras as hk
+
+hvd.init()
+tf.config.threading.set_intra_op_parallelism_threads(1)
+tf.config.threading.set_inter_op_parallelism_threads(1)
+rank, size = hvd.rank(), hvd.size()
+BATCHES = [5, 11, 16][:size]
+B = sum(BATCHES)
+rng = np.random.default_rng(42)
+X = rng.normal(size=(B, 12)).astype(np.float32)
+TOKENS = rng.integers(0, 50, size=(B, 4))
+Y = rng.integers(0, 3, size=B)
+lo = sum(BATCHES[:rank])
+mine = slice(lo, lo + BATCHES[rank])
+
+
+def dense_model():
+    tf.keras.utils.set_random_seed(7)
+    inp = tf.keras.Input((12,))
+    h = tf.keras.layers.Dense(16, activation="tanh")(inp)
+    return tf.keras.Model(inp, tf.keras.layers.Dense(3)(h))
+
+
+def embedding_model():
+    tf.keras.utils.set_random_seed(7)
+    inp = tf.keras.Input((4,))
+    h = tf.keras.layers.Embedding(50, 8)(inp)  # gradient is tf.IndexedSlices
+    h = tf.keras.layers.GlobalAveragePooling1D()(h)
+    return tf.keras.Model(inp, tf.keras.layers.Dense(3)(h))
+
+
+def step(build, opt, x, y, counted=False, legacy_sgd=False):
+    model = build()
+    model.compile(optimizer=opt, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    if counted:
+        hk.count_samples(model)
+    model.train_on_batch(x, y)
+    return np.concatenate([w.ravel() for w in model.get_weights()])
+
+
+sgd = lambda: tf.keras.optimizers.SGD(0.5)  # noqa: E731
+results = {}
+for name, build, x in (("dense", dense_model, X), ("embedding", embedding_model, TOKENS)):
+    ref = step(build, sgd(), x, Y)  # one process, concatenated batch
+    w = BATCHES[rank] / B
+    results[f"{name}_plan"] = step(build, hk.DistributedOptimizer(sgd(), weight=w), x[mine], Y[mine])
+    results[f"{name}_samples"] = step(build, hk.DistributedOptimizer(sgd(), weight="samples"),
+                                      x[mine], Y[mine], counted=True)
+    results[f"{name}_legacy"] = step(
+        build, hk.DistributedOptimizer(tf.keras.optimizers.legacy.SGD(0.5), weight=w),
+        x[mine], Y[mine])
+    results[f"{name}_horovod_avg"] = step(
+        build, hvd_keras.DistributedOptimizer(sgd(), op=hvd.Average), x[mine], Y[mine])
+    results[f"{name}_initial"] = np.concatenate([v.ravel() for v in build().get_weights()])
+    for key in [k for k in results if k.startswith(name) and not isinstance(results[k], float)]:
+        if key.endswith("_initial"):
+            continue
+        results[key] = float(np.max(np.abs(results[key] - ref)))
+    results[f"{name}_step_size"] = float(np.max(np.abs(results.pop(f"{name}_initial") - ref)))
+
+# Partial final batch: this step holds only part of each rank's batch; sample weighting must
+# still equal one process on the concatenated partial batch.
+PART = [2, 7, 3][:size]
+plo = sum(PART[:rank])
+xp, yp = X[:sum(PART)], Y[:sum(PART)]
+ref = step(dense_model, sgd(), xp, yp)
+got = step(dense_model, hk.DistributedOptimizer(sgd(), weight="samples"), xp[plo:plo + PART[rank]],
+           yp[plo:plo + PART[rank]], counted=True)
+results["partial_samples"] = float(np.max(np.abs(got - ref)))
+stale = step(dense_model, hk.DistributedOptimizer(sgd(), weight=BATCHES[rank] / B),
+             xp[plo:plo + PART[rank]], yp[plo:plo + PART[rank]])
+results["partial_plan"] = float(np.max(np.abs(stale - ref)))
+
+if rank == 0:
+    with open(sys.argv[1], "w") as f:
+        json.dump(results, f, indent=2)

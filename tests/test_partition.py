@@ -1,0 +1,103 @@
+"""The partitioner: exact sums, equal steps on every rank, caps, and clear errors."""
+import math
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from hetgrad.errors import HetgradError
+from hetgrad.partition import Plan, make_plan
+
+
+def test_batches_proportional_and_sum_exactly():
+    p = make_plan([1, 2, 4], 96, 1437)
+    assert p.batches == [14, 27, 55]  # 96 * (1, 2, 4) / 7 = 13.7, 27.4, 54.9
+    assert sum(p.batches) == 96
+    assert p.steps_per_epoch == math.ceil(1437 / 96)
+    assert sum(p.shard_sizes) == 1437 and p.dropped == 0
+
+
+def test_largest_remainder_rounding():
+    # shares 3.33.. each: the first gets the extra unit (ties broken by rank)
+    assert make_plan([1, 1, 1], 10, 100).batches == [4, 3, 3]
+    # 10 * (0.55, 0.45) = 5.5, 4.5 -> remainders tie, still sums to 10
+    assert sum(make_plan([0.55, 0.45], 10, 100).batches) == 10
+
+
+def test_memory_cap_overflow_goes_to_others_by_speed():
+    p = make_plan([8, 1, 1], 100, 1000, max_batch=[40, 100, 100])
+    assert p.batches[0] == 40
+    assert p.batches[1:] == [30, 30]
+
+
+def test_min_batch_raises_slow_ranks():
+    p = make_plan([100, 1], 64, 640, min_batch=8)
+    assert p.batches == [56, 8]
+
+
+def test_final_partial_step_keeps_every_rank_busy():
+    p = make_plan([1, 3], 40, 105)  # 2 full steps + 25 samples
+    assert p.steps_per_epoch == 3
+    assert all(1 <= last <= b for last, b in zip(p.last_batches(), p.batches))
+    assert sum(p.last_batches()) == 25
+
+
+def test_too_few_samples_for_a_final_step_are_reported_not_hidden():
+    p = make_plan([1, 1, 1], 30, 62)  # 2 full steps + 2 samples < 3 ranks
+    assert p.dropped == 2 and p.steps_per_epoch == 2
+    assert sum(p.shard_sizes) == 60
+
+
+@settings(max_examples=300, deadline=None)
+@given(speeds=st.lists(st.floats(0.01, 100.0), min_size=1, max_size=16),
+       extra=st.integers(0, 512), n=st.integers(1, 20000), min_batch=st.integers(1, 4))
+def test_property_equal_steps_disjoint_cover(speeds, extra, n, min_batch):
+    B = len(speeds) * min_batch + extra
+    if n < B:
+        with pytest.raises(HetgradError):
+            make_plan(speeds, B, n, min_batch=min_batch)
+        return
+    p = make_plan(speeds, B, n, min_batch=min_batch)
+    assert sum(p.batches) == B
+    assert all(b >= min_batch for b in p.batches)
+    steps = [math.ceil(s / b) for s, b in zip(p.shard_sizes, p.batches)]
+    assert steps == [p.steps_per_epoch] * len(speeds)
+    assert sum(p.shard_sizes) + p.dropped == n and p.dropped < len(speeds)
+    ends = [s + z for s, z in zip(p.shard_starts, p.shard_sizes)]
+    assert p.shard_starts[0] == 0 and ends[-1] == n - p.dropped
+    assert p.shard_starts[1:] == ends[:-1]  # contiguous, disjoint
+    # faster never gets a smaller batch (rounding can tie)
+    order = sorted(range(len(speeds)), key=lambda i: speeds[i])
+    assert all(p.batches[order[i]] <= p.batches[order[i + 1]] + 1 for i in range(len(order) - 1))
+
+
+@pytest.mark.parametrize("speeds", [[1, 0, 2], [1, -3], [float("nan"), 1], [float("inf"), 1], []])
+def test_bad_speeds_name_the_flag(speeds):
+    with pytest.raises(HetgradError, match="--speeds"):
+        make_plan(speeds, 64, 1000)
+
+
+def test_global_batch_below_ranks_times_min_batch():
+    with pytest.raises(HetgradError, match=r"--global-batch: global batch 10 < 3 ranks x min batch 4"):
+        make_plan([1, 1, 1], 10, 1000, min_batch=4)
+
+
+def test_dataset_smaller_than_global_batch():
+    with pytest.raises(HetgradError, match="--global-batch: dataset has 50 samples"):
+        make_plan([1, 2], 64, 50)
+
+
+def test_caps_too_small():
+    with pytest.raises(HetgradError, match="--max-batch"):
+        make_plan([1, 1], 64, 1000, max_batch=[16, 16])
+
+
+def test_plan_roundtrip_and_wrong_rank_count(tmp_path):
+    p = make_plan([1, 2, 4], 96, 1437)
+    f = tmp_path / "plan.json"
+    p.save(f)
+    assert Plan.load(f, world_size=3) == p
+    with pytest.raises(HetgradError, match="--plan: plan file .* is for 3 ranks but this job has 2"):
+        Plan.load(f, world_size=2)
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(HetgradError, match="--plan: cannot read plan file"):
+        Plan.load(tmp_path / "bad.json")

@@ -1,0 +1,38 @@
+"""`hetgrad train` on 3 real ranks with emulated unequal speeds, end to end."""
+import json
+import math
+
+from conftest import hetgrad_mpi, read_json
+
+
+def test_three_rank_weighted_training_on_digits(tmp_path):
+    out = tmp_path / "run.json"
+    proc = hetgrad_mpi(3, ["train", "--emulate-speeds", "1,2,4", "--epochs", "12",
+                           "--emulate-unit", "5e-4", "--out", str(out)], timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rec = read_json(out)
+    plan = rec["plan"]
+    assert sum(plan["batches"]) == plan["global_batch"] == 96
+    steps = [math.ceil(n / b) for n, b in zip(plan["shard_sizes"], plan["batches"])]
+    assert steps == [plan["steps_per_epoch"]] * 3
+    # the probe measured the emulated speeds (it never reads the flag): ranks ordered 1 < 2 < 4
+    sps = [p["samples_per_s"] for p in rec["probe"]]
+    assert sps[0] < sps[1] < sps[2], sps
+    assert 1.3 < sps[2] / sps[0] < 8, sps
+    assert plan["batches"][0] < plan["batches"][1] < plan["batches"][2]
+    assert len(rec["epochs"]) == 12
+    assert rec["final_test_accuracy"] >= 0.90, rec["epochs"][-1]
+    # progress lines come from rank 0 only: one line per epoch
+    assert proc.stdout.count("epoch  12/12") == 1, proc.stdout
+
+
+def test_equal_and_uneven_avg_modes_run(tmp_path):
+    for mode in ("equal", "uneven-avg"):
+        out = tmp_path / f"{mode}.json"
+        proc = hetgrad_mpi(2, ["train", "--mode", mode, "--speeds", "1,3", "--epochs", "2",
+                               "--quiet", "--out", str(out)], timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        rec = read_json(out)
+        expect = [48, 48] if mode == "equal" else [24, 72]
+        assert rec["plan"]["batches"] == expect
+        assert 0.0 < rec["final_test_accuracy"] <= 1.0

@@ -1,0 +1,19 @@
+"""Weighted aggregation on 3 real ranks equals one process on the concatenated batch."""
+from conftest import MPI_DIR, read_json, run_mpi
+
+
+def test_three_ranks_weighted_step_equals_full_batch(tmp_path):
+    out = tmp_path / "diffs.json"
+    proc = run_mpi(3, [str(MPI_DIR / "weighted_step.py"), str(out)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    d = read_json(out)
+    for model in ("dense", "embedding"):
+        # the step actually moved the weights, so a zero difference is meaningful
+        assert d[f"{model}_step_size"] > 1e-2
+        for weighting in ("plan", "samples", "legacy"):
+            assert d[f"{model}_{weighting}"] < 1e-5, (model, weighting, d)
+        # Horovod's plain average of unequal batches is provably a different step
+        assert d[f"{model}_horovod_avg"] > 1e-3, d
+    # a partial final batch: exact only when weighting by the samples in the step
+    assert d["partial_samples"] < 1e-5, d
+    assert d["partial_plan"] > 1e-3, d
