@@ -53,7 +53,7 @@ common = [
                  help="emulated seconds per sample at speed 1"),
     click.option("--threads", default=1, show_default=True, type=int, help="TF threads per rank"),
     click.option("--device", default="cpu", show_default=True, help="cpu | gpu | auto"),
-    click.option("--probe-batch", default=32, show_default=True, type=int),
+    click.option("--probe-batch", default=128, show_default=True, type=int),
     click.option("--probe-steps", default=8, show_default=True, type=int),
 ]
 
@@ -79,11 +79,11 @@ def probe(data, model, emulate_speeds, emulate_unit, threads, device, probe_batc
         ds = data_mod.load(data)
         rank, size = comm.Get_rank(), comm.Get_size()
         sched = parse_schedule(emulate_speeds, size) if emulate_speeds else None
-        prep = (lambda m: SpeedEmulator(sched[0][rank], emulate_unit).wrap(m)) if sched else None
+        pause = SpeedEmulator(sched[0][rank], emulate_unit).pause if sched else None
         res = probe_mod.run_probe(comm, lambda: models.build(model, ds.input_shape,
                                                              ds.num_classes),
                                   ds.input_shape, ds.num_classes, device=dev, batch=probe_batch,
-                                  steps=probe_steps, prepare=prep)
+                                  steps=probe_steps, before_step=pause)
         if rank == 0:
             probe_mod.save(res, out)
             for r in res:

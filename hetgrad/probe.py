@@ -25,19 +25,24 @@ class ProbeResult:
 
 
 def measure(model: tf.keras.Model, input_shape, num_classes: int, *, batch: int = 32,
-            warmup: int = 3, steps: int = 10, seed: int = 0) -> tuple[float, list[float]]:
+            warmup: int = 3, steps: int = 10, seed: int = 0,
+            before_step: Callable[[int], None] | None = None) -> tuple[float, list[float]]:
     """Median samples/s of ``model.train_on_batch`` on a synthetic batch of the real shape.
 
     The model must be compiled; its weights change (probe on a throw-away copy).
+    ``before_step(n)`` runs inside each timed step (speed emulation).
     """
+    before_step = before_step or (lambda n: None)
     rng = np.random.default_rng(seed)
     x = rng.random((batch, *input_shape), dtype=np.float32)
     y = rng.integers(0, num_classes, size=batch)
     for _ in range(warmup):
+        before_step(batch)
         model.train_on_batch(x, y)
     times = []
     for _ in range(steps):
         t0 = time.perf_counter()
+        before_step(batch)
         model.train_on_batch(x, y)
         times.append(time.perf_counter() - t0)
     return batch / statistics.median(times), times
@@ -45,14 +50,13 @@ def measure(model: tf.keras.Model, input_shape, num_classes: int, *, batch: int 
 
 def run_probe(comm, build_model: Callable[[], tf.keras.Model], input_shape, num_classes: int, *,
               device: str, batch: int = 32, warmup: int = 3, steps: int = 10,
-              prepare: Callable[[tf.keras.Model], None] | None = None) -> list[ProbeResult]:
-    """Probe this rank (``prepare`` may wrap the model, e.g. speed emulation) and allgather."""
+              before_step: Callable[[int], None] | None = None) -> list[ProbeResult]:
+    """Probe this rank (``before_step(n)``: e.g. speed emulation) and allgather the results."""
     model = build_model()
     model.compile(optimizer=tf.keras.optimizers.SGD(0.0),
                   loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    if prepare is not None:
-        prepare(model)
-    sps, times = measure(model, input_shape, num_classes, batch=batch, warmup=warmup, steps=steps)
+    sps, times = measure(model, input_shape, num_classes, batch=batch, warmup=warmup, steps=steps,
+                         before_step=before_step)
     mine = ProbeResult(comm.Get_rank(), socket.gethostname(), device, sps, batch, times)
     return [ProbeResult(**d) for d in comm.allgather(asdict(mine))]
 

@@ -32,7 +32,7 @@ class TrainConfig:
     plan: str | None = None             # or load a saved plan
     emulate_speeds: str | None = None   # e.g. "1,2,4" or "1,2,4;3:1,0.5,4"
     emulate_unit: float = 1e-3          # seconds of sleep per sample at speed 1
-    probe_batch: int = 32
+    probe_batch: int = 128
     probe_steps: int = 8
     min_batch: int = 1
     max_batch: list[int] | None = None
@@ -129,7 +129,11 @@ def _callbacks(cfg, plan, rank, size, model, ds_test, emulator, schedule, epochs
                           flush=True)
             epochs_log.append(row)
 
-    return [hvd_keras.callbacks.BroadcastGlobalVariablesCallback(0), Epochs(),
+    last = plan.last_batches()[rank]
+    steps = plan.steps_per_epoch
+    emulate = [emulator.callback(lambda i: last if i == steps - 1 else plan.batches[rank])
+               ] if emulator is not None else []
+    return [hvd_keras.callbacks.BroadcastGlobalVariablesCallback(0), Epochs(), *emulate,
             WeightedMetricAverageCallback(plan.shard_sizes[rank]), Evaluate()]
 
 
@@ -154,14 +158,13 @@ def train(cfg: TrainConfig) -> dict:
     def build():
         return models.build(cfg.model, ds.input_shape, ds.num_classes, seed=cfg.seed)
 
-    def emulated(model):
-        if schedule is not None:
-            SpeedEmulator(schedule[0][rank], cfg.emulate_unit).wrap(model)
+    emulator = SpeedEmulator(schedule[0][rank], cfg.emulate_unit) if schedule else None
 
     t_probe = time.perf_counter()
     with tf.device(device):
         probed = probe.run_probe(comm, build, ds.input_shape, ds.num_classes, device=device,
-                                 batch=cfg.probe_batch, steps=cfg.probe_steps, prepare=emulated)
+                                 batch=cfg.probe_batch, steps=cfg.probe_steps,
+                                 before_step=emulator.pause if emulator else None)
     t_probe = time.perf_counter() - t_probe
     plan = choose_plan(cfg, size, n_train, probed)
     if rank == 0 and cfg.verbose:
@@ -186,12 +189,8 @@ def train(cfg: TrainConfig) -> dict:
             opt = hvd_keras.DistributedOptimizer(_base_optimizer(cfg), op=hvd.Average)
         model.compile(optimizer=opt, metrics=["accuracy"],
                       loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-        emulator = None
         if cfg.mode == "weighted" and cfg.weighting == "samples":
             count_samples(model)
-        if schedule is not None:
-            emulator = SpeedEmulator(schedule[0][rank], cfg.emulate_unit)
-            emulator.wrap(model)
         epochs_log: list[dict] = []
         t0 = time.perf_counter()
         model.fit(local, epochs=cfg.epochs, steps_per_epoch=plan.steps_per_epoch, verbose=0,
