@@ -17,6 +17,7 @@ def configure_tf(threads: int = 1, device: str = "cpu") -> str:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
 
+    tf.get_logger().setLevel("ERROR")  # e.g. Keras' "callback is slow" notes, on every rank
     if device not in ("cpu", "gpu", "auto"):
         raise HetgradError(f"unknown device {device!r}; use cpu, gpu or auto", flag="--device")
     tf.config.threading.set_intra_op_parallelism_threads(threads)
