@@ -143,11 +143,19 @@ def plan(speeds, probe_file, global_batch, dataset_size, data, min_batch, max_ba
 @click.option("--plan", "plan_file", default=None, help="use a saved plan (from `hetgrad plan`)")
 @click.option("--min-batch", default=1, show_default=True, type=int)
 @click.option("--max-batch", default=None, help="per-rank batch cap: one int or one per rank")
+@click.option("--sparsify", default=None, type=click.Choice(["topk", "recent", "sticky", "leader"]),
+              help="send only top-k gradient entries, chosen by this policy")
+@click.option("--density", default=0.01, show_default=True, type=float,
+              help="fraction of each tensor's entries sent")
+@click.option("--exchange", default="union", show_default=True,
+              type=click.Choice(["allgather", "union"]))
+@click.option("--dense-below", default=1024, show_default=True, type=int,
+              help="tensors with fewer entries stay dense")
 @click.option("--out", default="run.json", show_default=True, help="JSON record (rank 0)")
 @click.option("--quiet", is_flag=True, help="no progress lines")
 def train(data, model, emulate_speeds, emulate_unit, threads, device, probe_batch, probe_steps,
           mode, weighting, global_batch, epochs, lr, optimizer, seed, speeds, plan_file,
-          min_batch, max_batch, out, quiet):
+          min_batch, max_batch, sparsify, density, exchange, dense_below, out, quiet):
     """Probe, plan and train (run under mpirun / srun; rank 0 prints and writes --out)."""
     def body():
         from .train import TrainConfig, train as run_train
@@ -158,7 +166,9 @@ def train(data, model, emulate_speeds, emulate_unit, threads, device, probe_batc
                           emulate_speeds=emulate_speeds, emulate_unit=emulate_unit,
                           probe_batch=probe_batch, probe_steps=probe_steps, min_batch=min_batch,
                           max_batch=caps[0] if caps and len(caps) == 1 else caps,
-                          threads=threads, device=device, out=out, verbose=not quiet)
+                          sparsify=sparsify, density=density, exchange=exchange,
+                          dense_below=dense_below, threads=threads, device=device, out=out,
+                          verbose=not quiet)
         run_train(cfg)
     _run(body)
 

@@ -36,6 +36,10 @@ class TrainConfig:
     probe_steps: int = 8
     min_batch: int = 1
     max_batch: list[int] | None = None
+    sparsify: str | None = None         # topk | recent | sticky | leader (None: dense)
+    density: float = 0.01
+    exchange: str = "union"             # allgather | union
+    dense_below: int = 1024             # tensors smaller than this stay dense
     threads: int = 1
     device: str = "cpu"
     out: str = "run.json"
@@ -58,6 +62,8 @@ class TrainConfig:
             raise HetgradError(f"must be >= 1, got {self.threads}", flag="--threads")
         if self.emulate_unit <= 0:
             raise HetgradError("must be > 0", flag="--emulate-unit")
+        if self.sparsify is not None and self.mode != "weighted":
+            raise HetgradError("sparsification runs with --mode weighted only", flag="--sparsify")
         out_dir = Path(self.out).resolve().parent
         if not out_dir.is_dir():
             raise HetgradError(f"directory {out_dir} does not exist", flag="--out")
@@ -129,12 +135,77 @@ def _callbacks(cfg, plan, rank, size, model, ds_test, emulator, schedule, epochs
                           flush=True)
             epochs_log.append(row)
 
-    last = plan.last_batches()[rank]
-    steps = plan.steps_per_epoch
-    emulate = [emulator.callback(lambda i: last if i == steps - 1 else plan.batches[rank])
-               ] if emulator is not None else []
-    return [hvd_keras.callbacks.BroadcastGlobalVariablesCallback(0), Epochs(), *emulate,
-            WeightedMetricAverageCallback(plan.shard_sizes[rank]), Evaluate()]
+    return [Epochs(), WeightedMetricAverageCallback(plan.shard_sizes[rank]), Evaluate()]
+
+
+def _batch_size(plan: Plan, rank: int, step: int) -> int:
+    """Samples of ``rank`` in ``step`` of an epoch (the last step may be partial)."""
+    return plan.last_batches()[rank] if step == plan.steps_per_epoch - 1 else plan.batches[rank]
+
+
+def _fit_sparse(cfg, comm, model, plan, rank, local, emulator, callbacks) -> list[dict]:
+    """Custom loop: local gradient -> sparse weighted exchange (mpi4py) -> apply_gradients."""
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+    from mpi4py import MPI
+    from .sparsify import SparseExchanger
+
+    variables = model.trainable_variables
+    sizes = [int(np.prod(v.shape)) for v in variables]
+    sparse_ids = [i for i, n in enumerate(sizes) if n >= cfg.dense_below]
+    dense_ids = [i for i, n in enumerate(sizes) if n < cfg.dense_below]
+    exchanger = SparseExchanger(comm, [sizes[i] for i in sparse_ids], policy=cfg.sparsify,
+                                density=cfg.density, exchange=cfg.exchange)
+    loss_fn = model.compiled_loss
+    opt = model.optimizer
+
+    @tf.function
+    def local_step(x, y):
+        with tf.GradientTape() as tape:
+            logits = model(x, training=True)
+            loss = loss_fn(y, logits)
+        grads = [tf.convert_to_tensor(g) for g in tape.gradient(loss, variables)]
+        hits = tf.reduce_mean(tf.cast(tf.equal(tf.argmax(logits, -1), tf.cast(y, tf.int64)),
+                                      tf.float32))
+        return loss, hits, grads
+
+    hvd.broadcast_variables(model.variables, root_rank=0)
+    steps_log: list[dict] = []
+    it = iter(local)
+    for epoch in range(cfg.epochs):
+        for cb in callbacks:
+            cb.on_epoch_begin(epoch)
+        seen = loss_sum = acc_sum = 0.0
+        for step in range(plan.steps_per_epoch):
+            x, y = next(it)
+            n = int(y.shape[0])
+            if emulator is not None:
+                emulator.pause(n)
+            loss, hits, grads = local_step(x, y)
+            weight = n / comm.allreduce(n, op=MPI.SUM)
+            flat = np.concatenate([grads[i].numpy().ravel() for i in sparse_ids])
+            agg, stats = exchanger.step(flat, weight)
+            new = [None] * len(variables)
+            pos = 0
+            for i in sparse_ids:
+                new[i] = tf.constant(agg[pos:pos + sizes[i]].reshape(variables[i].shape))
+                pos += sizes[i]
+            if dense_ids:
+                dense = np.concatenate([grads[i].numpy().ravel() for i in dense_ids]) * weight
+                comm.Allreduce(MPI.IN_PLACE, dense, op=MPI.SUM)
+                pos = 0
+                for i in dense_ids:
+                    new[i] = tf.constant(dense[pos:pos + sizes[i]].reshape(variables[i].shape))
+                    pos += sizes[i]
+            opt.apply_gradients(zip(new, variables))
+            seen += n
+            loss_sum += float(loss) * n
+            acc_sum += float(hits) * n
+            steps_log.append({"epoch": epoch + 1, "step": step, **vars(stats)})
+        logs = {"loss": loss_sum / seen, "accuracy": acc_sum / seen}
+        for cb in callbacks:
+            cb.on_epoch_end(epoch, logs)
+    return steps_log
 
 
 def train(cfg: TrainConfig) -> dict:
@@ -182,23 +253,35 @@ def train(cfg: TrainConfig) -> dict:
 
     with tf.device(device):
         model = build()
-        if cfg.mode == "weighted":
+        if cfg.sparsify:  # the sparse loop aggregates itself
+            opt = _base_optimizer(cfg)
+        elif cfg.mode == "weighted":
             weight = "samples" if cfg.weighting == "samples" else plan.weights()[rank]
             opt = DistributedOptimizer(_base_optimizer(cfg), weight=weight)
         else:  # Horovod's own averaging: the baseline
             opt = hvd_keras.DistributedOptimizer(_base_optimizer(cfg), op=hvd.Average)
         model.compile(optimizer=opt, metrics=["accuracy"],
                       loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-        if cfg.mode == "weighted" and cfg.weighting == "samples":
+        if cfg.mode == "weighted" and cfg.weighting == "samples" and not cfg.sparsify:
             count_samples(model)
         epochs_log: list[dict] = []
+        callbacks = _callbacks(cfg, plan, rank, size, model, test, emulator, schedule, epochs_log)
+        sparse_steps = None
         t0 = time.perf_counter()
-        model.fit(local, epochs=cfg.epochs, steps_per_epoch=plan.steps_per_epoch, verbose=0,
-                  callbacks=_callbacks(cfg, plan, rank, size, model, test, emulator, schedule,
-                                       epochs_log))
+        if cfg.sparsify:
+            sparse_steps = _fit_sparse(cfg, comm, model, plan, rank, local, emulator, callbacks)
+        else:
+            emulate = [emulator.callback(lambda i: _batch_size(plan, rank, i))] if emulator else []
+            model.fit(local, epochs=cfg.epochs, steps_per_epoch=plan.steps_per_epoch, verbose=0,
+                      callbacks=[hvd_keras.callbacks.BroadcastGlobalVariablesCallback(0),
+                                 *emulate, *callbacks])
         wall = time.perf_counter() - t0
 
     epoch_times = comm.gather([row["time_s"] for row in epochs_log], root=0)
+    sparse_bytes = comm.gather(None if sparse_steps is None else
+                               {"bytes_sent": sum(r["bytes_sent"] for r in sparse_steps),
+                                "bytes_received": sum(r["bytes_received"] for r in sparse_steps)},
+                               root=0)
     if rank != 0:
         return {}
     ideal = sum(p.samples_per_s for p in probed)
@@ -215,6 +298,13 @@ def train(cfg: TrainConfig) -> dict:
         "throughput_efficiency": achieved / ideal,
         "per_rank_epoch_times_s": epoch_times,
     }
+    if sparse_steps is not None:
+        record["sparse_steps"] = sparse_steps
+        record["sparse_summary"] = {
+            key: float(np.mean([r[key] for r in sparse_steps]))
+            for key in ("k", "union", "buildup", "bytes_sent", "bytes_received",
+                        "aggregator_send_entries")}
+        record["sparse_bytes_per_rank"] = sparse_bytes
     write_json(record, cfg.out)
     if cfg.verbose:
         print(f"hetgrad: final test accuracy {record['final_test_accuracy']:.4f}, "
