@@ -199,5 +199,20 @@ def demo(np_, emulate_speeds, epochs, out):
     _run(body)
 
 
+@main.command()
+@click.argument("runs", nargs=-1, required=True)
+@click.option("--out-dir", default="report", show_default=True,
+              help="where table.md, summary.json and the PNG plots go")
+def report(runs, out_dir):
+    """Markdown table (mean ± std over seeds) and plots from `train` records."""
+    def body():
+        from .report import report as make_report
+        md, pngs = make_report(runs, out_dir)
+        click.echo(md)
+        for p in pngs:
+            click.echo(f"plot: {p}")
+    _run(body)
+
+
 if __name__ == "__main__":
     main()

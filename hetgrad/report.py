@@ -1,0 +1,118 @@
+"""``hetgrad report``: Markdown table and matplotlib plots from run records."""
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from .errors import HetgradError
+
+
+def load_runs(paths) -> list[dict]:
+    runs = []
+    for p in paths:
+        try:
+            rec = json.loads(Path(p).read_text())
+        except (OSError, ValueError) as exc:
+            raise HetgradError(f"cannot read run record {p}: {exc}", flag="RUN.json") from None
+        if "epochs" not in rec or "config" not in rec:
+            raise HetgradError(f"{p} is not a `hetgrad train` record", flag="RUN.json")
+        rec["_path"] = str(p)
+        runs.append(rec)
+    return runs
+
+
+def group_key(rec: dict) -> tuple[str, str, str]:
+    c = rec["config"]
+    task = f"{c['model']}/{Path(c['data']).stem}"
+    profile = c.get("emulate_speeds") or ",".join(str(s) for s in rec["plan"]["speeds"])
+    return task, profile, c["mode"]
+
+
+def _ms(values) -> str:
+    v = np.asarray(values, float)
+    return f"{v.mean():.4g} ± {v.std(ddof=1) if v.size > 1 else 0.0:.2g}"
+
+
+def summarize(runs: list[dict]) -> list[dict]:
+    """One row per (task, speed profile, mode): mean and std over seeds."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in runs:
+        groups[group_key(r)].append(r)
+    rows = []
+    for (task, profile, mode), rs in sorted(groups.items()):
+        rows.append({
+            "task": task, "profile": profile, "mode": mode, "seeds": len(rs),
+            "epoch_time_s": [r["median_epoch_time_s"] for r in rs],
+            "samples_per_s": [r["samples_per_s"] for r in rs],
+            "efficiency": [r["throughput_efficiency"] for r in rs],
+            "final_acc": [r["final_test_accuracy"] for r in rs],
+            "best_acc": [r["best_test_accuracy"] for r in rs],
+        })
+    # speed-up of each mode over `equal` in the same task and profile
+    base = {(r["task"], r["profile"]): np.mean(r["epoch_time_s"]) for r in rows
+            if r["mode"] == "equal"}
+    for r in rows:
+        b = base.get((r["task"], r["profile"]))
+        r["speedup_vs_equal"] = None if b is None else b / float(np.mean(r["epoch_time_s"]))
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    head = ("| task | speeds | mode | seeds | epoch time (s) | samples/s | efficiency | "
+            "speed-up vs equal | final acc | best acc |\n|" + "---|" * 10)
+    lines = [head]
+    for r in rows:
+        sp = "–" if r["speedup_vs_equal"] is None else f"{r['speedup_vs_equal']:.2f}x"
+        lines.append(f"| {r['task']} | {r['profile']} | {r['mode']} | {r['seeds']} | "
+                     f"{_ms(r['epoch_time_s'])} | {_ms(r['samples_per_s'])} | "
+                     f"{_ms(r['efficiency'])} | {sp} | {_ms(r['final_acc'])} | "
+                     f"{_ms(r['best_acc'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def plots(runs: list[dict], out_dir: Path) -> list[Path]:
+    """Per (task, profile): test accuracy vs epoch and vs wall time, one line per mode (mean
+    over seeds); and per-rank idle share of the epoch (1 - own busy time / epoch time)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups: dict[tuple, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    for r in runs:
+        task, profile, mode = group_key(r)
+        groups[(task, profile)][mode].append(r)
+    written = []
+    for (task, profile), modes in sorted(groups.items()):
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.8))
+        for mode, rs in sorted(modes.items()):
+            acc = np.mean([[e["test_accuracy"] for e in r["epochs"]] for r in rs], axis=0)
+            t = np.mean([np.cumsum([e["time_s"] for e in r["epochs"]]) for r in rs], axis=0)
+            a1.plot(np.arange(1, len(acc) + 1), acc, marker="o", label=mode)
+            a2.plot(t, acc, marker="o", label=mode)
+        a1.set(xlabel="epoch", ylabel="test accuracy", title=f"{task}, speeds {profile}")
+        a2.set(xlabel="training time (s)", ylabel="test accuracy")
+        for a in (a1, a2):
+            a.grid(alpha=0.3)
+            a.legend()
+        fig.tight_layout()
+        name = out_dir / f"acc_{task.replace('/', '_')}_{profile.replace(',', '-')}.png"
+        fig.savefig(name, dpi=110)
+        plt.close(fig)
+        written.append(name)
+    return written
+
+
+def report(paths, out_dir: str | Path) -> tuple[str, list[Path]]:
+    runs = load_runs(paths)
+    if not runs:
+        raise HetgradError("no run records given", flag="RUN.json")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = summarize(runs)
+    md = markdown(rows)
+    (out / "table.md").write_text(md)
+    (out / "summary.json").write_text(json.dumps(rows, indent=2))
+    return md, plots(runs, out)

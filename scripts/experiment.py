@@ -1,0 +1,68 @@
+#!/usr/bin/env python
+"""Equal vs uneven-avg vs weighted: time per epoch and accuracy under emulated speed profiles.
+
+Resumable: each run writes DIR/<task>_<profile>_<mode>_s<seed>.json and is skipped when that
+file exists. Afterwards `hetgrad report DIR/*.json --out-dir DIR/report` renders the table
+and plots (done here at the end too).
+
+    .venv/bin/python scripts/experiment.py --dir results/experiment
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from hetgrad.cli import mpirun_command  # noqa: E402
+
+TASKS = {  # name: (train args, epochs)
+    "digits-mlp": (["--data", "digits", "--model", "mlp", "--global-batch", "96"], 10),
+    "synthetic-cnn": (["--data", "synthetic", "--model", "cnn", "--global-batch", "128",
+                       "--lr", "0.02"], 4),
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dir", default="results/experiment")
+    ap.add_argument("--profiles", default="1,1,2,4;1,8", help="';'-separated speed profiles")
+    ap.add_argument("--modes", default="equal,uneven-avg,weighted")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--tasks", default=",".join(TASKS))
+    ap.add_argument("--epochs-scale", type=float, default=1.0)
+    args = ap.parse_args()
+    out = Path(args.dir)
+    out.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    for task in args.tasks.split(","):
+        targs, epochs = TASKS[task]
+        epochs = max(1, round(epochs * args.epochs_scale))
+        for profile in args.profiles.split(";"):
+            np_ = len(profile.split(","))
+            for mode in args.modes.split(","):
+                for seed in range(args.seeds):
+                    f = out / f"{task}_{profile.replace(',', '-')}_{mode}_s{seed}.json"
+                    if f.exists():
+                        continue
+                    cmd = mpirun_command(np_, ["train", *targs, "--mode", mode, "--seed",
+                                               str(seed), "--epochs", str(epochs),
+                                               "--emulate-speeds", profile, "--quiet",
+                                               "--out", str(f)])
+                    print(f"[experiment] {f.name}", flush=True)
+                    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+                    if proc.returncode:
+                        sys.exit(f"run failed ({proc.returncode}): {' '.join(cmd)}\n"
+                                 f"{proc.stderr[-2000:]}")
+    from hetgrad.report import report
+    md, pngs = report(sorted(out.glob("*.json")), out / "report")
+    print(md)
+    for p in pngs:
+        print("plot:", p)
+
+
+if __name__ == "__main__":
+    main()
