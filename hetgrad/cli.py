@@ -55,6 +55,8 @@ common = [
     click.option("--device", default="cpu", show_default=True, help="cpu | gpu | auto"),
     click.option("--probe-batch", default=128, show_default=True, type=int),
     click.option("--probe-steps", default=8, show_default=True, type=int),
+    click.option("--probe-timeout", default=300.0, show_default=True, type=float,
+                 help="seconds rank 0 waits for every rank's probe before naming the missing"),
 ]
 
 
@@ -68,7 +70,7 @@ def with_common(fn):
 @with_common
 @click.option("--out", default="probe.json", show_default=True, help="where rank 0 writes results")
 def probe(data, model, emulate_speeds, emulate_unit, threads, device, probe_batch, probe_steps,
-          out):
+          probe_timeout, out):
     """Measure every rank's training samples/s (run under mpirun)."""
     def body():
         from . import data as data_mod, models, probe as probe_mod
@@ -83,7 +85,8 @@ def probe(data, model, emulate_speeds, emulate_unit, threads, device, probe_batc
         res = probe_mod.run_probe(comm, lambda: models.build(model, ds.input_shape,
                                                              ds.num_classes),
                                   ds.input_shape, ds.num_classes, device=dev, batch=probe_batch,
-                                  steps=probe_steps, before_step=pause)
+                                  steps=probe_steps, before_step=pause,
+                                  timeout=probe_timeout)
         if rank == 0:
             probe_mod.save(res, out)
             for r in res:
@@ -154,7 +157,7 @@ def plan(speeds, probe_file, global_batch, dataset_size, data, min_batch, max_ba
 @click.option("--out", default="run.json", show_default=True, help="JSON record (rank 0)")
 @click.option("--quiet", is_flag=True, help="no progress lines")
 def train(data, model, emulate_speeds, emulate_unit, threads, device, probe_batch, probe_steps,
-          mode, weighting, global_batch, epochs, lr, optimizer, seed, speeds, plan_file,
+          probe_timeout, mode, weighting, global_batch, epochs, lr, optimizer, seed, speeds, plan_file,
           min_batch, max_batch, sparsify, density, exchange, dense_below, out, quiet):
     """Probe, plan and train (run under mpirun / srun; rank 0 prints and writes --out)."""
     def body():
@@ -164,7 +167,8 @@ def train(data, model, emulate_speeds, emulate_unit, threads, device, probe_batc
                           global_batch=global_batch, epochs=epochs, lr=lr, optimizer=optimizer,
                           seed=seed, speeds=_floats("--speeds", speeds), plan=plan_file,
                           emulate_speeds=emulate_speeds, emulate_unit=emulate_unit,
-                          probe_batch=probe_batch, probe_steps=probe_steps, min_batch=min_batch,
+                          probe_batch=probe_batch, probe_steps=probe_steps,
+                          probe_timeout=probe_timeout, min_batch=min_batch,
                           max_batch=caps[0] if caps and len(caps) == 1 else caps,
                           sparsify=sparsify, density=density, exchange=exchange,
                           dense_below=dense_below, threads=threads, device=device, out=out,

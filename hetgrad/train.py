@@ -34,6 +34,7 @@ class TrainConfig:
     emulate_unit: float = 1e-3          # seconds of sleep per sample at speed 1
     probe_batch: int = 128
     probe_steps: int = 8
+    probe_timeout: float = 300.0
     min_batch: int = 1
     max_batch: list[int] | None = None
     sparsify: str | None = None         # topk | recent | sticky | leader (None: dense)
@@ -235,7 +236,8 @@ def train(cfg: TrainConfig) -> dict:
     with tf.device(device):
         probed = probe.run_probe(comm, build, ds.input_shape, ds.num_classes, device=device,
                                  batch=cfg.probe_batch, steps=cfg.probe_steps,
-                                 before_step=emulator.pause if emulator else None)
+                                 before_step=emulator.pause if emulator else None,
+                                 timeout=cfg.probe_timeout)
     t_probe = time.perf_counter() - t_probe
     plan = choose_plan(cfg, size, n_train, probed)
     if rank == 0 and cfg.verbose:
