@@ -1,0 +1,45 @@
+"""At least ten bad inputs to `hetgrad train`: each a one-line error naming the flag, exit 2."""
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("bad")
+    (d / "garbage.npz").write_bytes(b"\x00not a zip")
+    (d / "garbage.json").write_text("[1, 2")
+    return d
+
+
+CASES = [
+    (["--epochs", "0"], "--epochs: must be >= 1"),
+    (["--lr", "-1"], "--lr: must be a positive number"),
+    (["--out", "/nonexistent/dir/run.json"], "--out: directory /nonexistent/dir does not exist"),
+    (["--data", "/nonexistent.npz"], "--data: no such dataset or file"),
+    (["--data", "{d}/garbage.npz"], "--data: cannot read"),
+    (["--model", "transformer"], "--model: unknown model 'transformer'"),
+    (["--device", "tpu"], "--device: unknown device 'tpu'"),
+    (["--emulate-speeds", "1,2"], "--emulate-speeds: 2 speeds given for 1 ranks"),
+    (["--emulate-speeds", "1,x"], "--emulate-speeds: cannot parse"),
+    (["--emulate-speeds", "0"], "--emulate-speeds: speed of rank 0 is 0.0"),
+    (["--speeds", "1,2"], "--speeds: 2 speeds for 1 ranks"),
+    (["--global-batch", "5000"], "--global-batch: dataset has 1437 samples"),
+    (["--max-batch", "10"], "--max-batch: per-rank caps sum to 10 < global batch 96"),
+    (["--plan", "{d}/garbage.json"], "--plan: cannot read plan file"),
+    (["--mode", "equal", "--sparsify", "topk"], "--sparsify: sparsification runs with --mode weighted only"),
+    (["--sparsify", "topk", "--density", "2"], "--density: density must be in (0, 1]"),
+]
+
+
+@pytest.mark.parametrize("args,needle", CASES, ids=[" ".join(a) for a, _ in CASES])
+def test_bad_train_input(files, args, needle):
+    args = [a.format(d=files) for a in args]
+    p = subprocess.run([sys.executable, "-m", "hetgrad.cli", "train", "--epochs", "1", "--quiet",
+                        "--probe-steps", "1", "--out", str(files / "run.json"), *args],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2, p.stderr[-2000:]
+    errors = [line for line in p.stderr.splitlines() if line.startswith("hetgrad: error")]
+    assert len(errors) == 1 and needle in errors[0], p.stderr[-2000:]
+    assert "Traceback" not in p.stderr
