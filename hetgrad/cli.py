@@ -134,9 +134,9 @@ def plan(speeds, probe_file, global_batch, dataset_size, data, min_batch, max_ba
 @click.option("--mode", default="weighted", show_default=True,
               type=click.Choice(["weighted", "uneven-avg", "equal"]),
               help="weighted: hetgrad; uneven-avg: uneven batches, Horovod average; equal: Horovod")
-@click.option("--weighting", default="samples", show_default=True,
-              type=click.Choice(["samples", "plan"]),
-              help="weighted mode: by samples in each step (exact) or by the plan's b_i/B")
+@click.option("--weighting", default="plan", show_default=True,
+              type=click.Choice(["plan", "samples"]),
+              help="weighted mode: the plan's per-step shares (exact, free) or counted samples")
 @click.option("--global-batch", "-B", default=96, show_default=True, type=int)
 @click.option("--epochs", default=10, show_default=True, type=int)
 @click.option("--lr", default=0.05, show_default=True, type=float)

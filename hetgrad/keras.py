@@ -20,38 +20,66 @@ BroadcastGlobalVariablesCallback = hvd_keras.callbacks.BroadcastGlobalVariablesC
 
 
 class _WeightedGradients:
-    """Mixin placed before a Keras optimizer class: aggregate gradients before applying them."""
+    """Mixin placed before a Keras optimizer class: the backward pass is seeded with this
+    rank's weight ``w_i`` (free), then the weighted gradients are summed over ranks."""
 
     _hetgrad_reduce: WeightedAllreduce
 
-    def _hetgrad_aggregate(self, grads_and_vars):
-        grads_and_vars = list(grads_and_vars)
-        grads = self._hetgrad_reduce([g for g, _ in grads_and_vars])
-        return list(zip(grads, [v for _, v in grads_and_vars]))
-
     # Keras 2.11+ optimizers (tf.keras.optimizers.*) call this from minimize().
     def compute_gradients(self, loss, var_list, tape=None):
-        return self._hetgrad_aggregate(super().compute_gradients(loss, var_list, tape))
+        if not callable(loss) and tape is None:
+            raise ValueError("compute_gradients needs a tape when loss is a tensor")
+        tape = tape if tape is not None else tf.GradientTape()
+        if callable(loss):
+            with tape:
+                tape.watch(var_list)
+                loss = loss()
+        w = tf.cast(self._hetgrad_reduce.local_weight(), loss.dtype)
+        grads = tape.gradient(loss, var_list, output_gradients=tf.fill(tf.shape(loss), w))
+        return list(zip(self._hetgrad_reduce.sum(grads), var_list))
 
 
 class _WeightedGradientsLegacy:
-    """The same for ``tf.keras.optimizers.legacy.*`` (OptimizerV2)."""
+    """The same for ``tf.keras.optimizers.legacy.*`` (OptimizerV2): ``grad_loss`` seeds it."""
 
     _hetgrad_reduce: WeightedAllreduce
 
     def _compute_gradients(self, loss, var_list, grad_loss=None, tape=None):
-        gv = super()._compute_gradients(loss, var_list, grad_loss=grad_loss, tape=tape)
-        grads = self._hetgrad_reduce([g for g, _ in gv])
+        if grad_loss is not None:
+            raise ValueError("hetgrad's DistributedOptimizer sets grad_loss itself")
+        w = self._hetgrad_reduce.local_weight()
+        gv = super()._compute_gradients(loss, var_list, grad_loss=w, tape=tape)
+        grads = self._hetgrad_reduce.sum([g for g, _ in gv])
         return list(zip(grads, [v for _, v in gv]))
 
 
-def DistributedOptimizer(optimizer, weight: float | str = "samples", *,
+def plan_weight(plan, rank: int, iterations: tf.Variable):
+    """Per-step ``w_i`` from a partition plan: ``b_i / B`` in full steps and
+    ``last_i / sum_j last_j`` in an epoch's partial final step. Exact, and needs no
+    communication (every rank knows the plan); the step is read from ``iterations``."""
+    steps = plan.steps_per_epoch
+    full = plan.batches[rank] / plan.global_batch
+    lasts = plan.last_batches()
+    last = lasts[rank] / sum(lasts)
+
+    def weight():
+        final = tf.equal(tf.math.floormod(iterations, steps), steps - 1)
+        return tf.where(final, tf.constant(last, tf.float32), tf.constant(full, tf.float32))
+
+    return weight
+
+
+def DistributedOptimizer(optimizer, weight="samples", *, plan=None, rank: int | None = None,
                          compression=hvd.Compression.none, sparse_as_dense: bool = False,
                          name: str | None = None):
     """Wrap a Keras optimizer so gradients are combined as ``sum_i (b_i/B) g_i``.
 
-    ``weight``: this rank's share ``b_i / B`` (float, e.g. ``plan.weights()[hvd.rank()]``), or
-    ``"samples"`` to weight by the samples in each step (needs :func:`count_samples`).
+    ``weight``: this rank's share ``b_i / B`` (float, e.g. ``plan.weights()[hvd.rank()]``);
+    ``"plan"`` with ``plan=`` (and ``rank=``, default ``hvd.rank()``) for exact per-step plan
+    weights including the partial final step (no extra communication; one optimizer step per
+    batch, counted by ``iterations`` from the start of an epoch); or ``"samples"`` to weight by
+    the samples in each step, for data of unknown batch sizes (needs :func:`count_samples`,
+    costs one scalar allreduce per step).
     Returns a new optimizer of a subclass of ``type(optimizer)`` built from its config, like
     Horovod's. ``optimizer.hetgrad_local_count`` is the per-step sample counter.
     """
@@ -64,6 +92,14 @@ def DistributedOptimizer(optimizer, weight: float | str = "samples", *,
         counter = tf.Variable(0, dtype=tf.int32, trainable=False, name="hetgrad_local_count")
         reduce = WeightedAllreduce(local_count=counter, compression=compression,
                                    sparse_as_dense=sparse_as_dense, name=name or "hetgrad")
+    elif weight == "plan":
+        if plan is None:
+            raise ValueError("weight='plan' needs plan=")
+        counter = None
+        reduce = WeightedAllreduce(plan_weight(plan, hvd.rank() if rank is None else rank,
+                                               opt.iterations),
+                                   compression=compression, sparse_as_dense=sparse_as_dense,
+                                   name=name or "hetgrad")
     elif isinstance(weight, (int, float)):
         counter = None
         reduce = WeightedAllreduce(float(weight), compression=compression,

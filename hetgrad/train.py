@@ -22,7 +22,8 @@ class TrainConfig:
     data: str = "digits"
     model: str = "mlp"
     mode: str = "weighted"
-    weighting: str = "samples"          # weighted mode: "samples" (exact) or "plan" (b_i/B)
+    weighting: str = "plan"             # weighted mode: "plan" (exact per-step plan weights,
+                                        # no extra comm) or "samples" (count allreduce per step)
     global_batch: int = 96
     epochs: int = 10
     lr: float = 0.05
@@ -258,8 +259,7 @@ def train(cfg: TrainConfig) -> dict:
         if cfg.sparsify:  # the sparse loop aggregates itself
             opt = _base_optimizer(cfg)
         elif cfg.mode == "weighted":
-            weight = "samples" if cfg.weighting == "samples" else plan.weights()[rank]
-            opt = DistributedOptimizer(_base_optimizer(cfg), weight=weight)
+            opt = DistributedOptimizer(_base_optimizer(cfg), weight=cfg.weighting, plan=plan)
         else:  # Horovod's own averaging: the baseline
             opt = hvd_keras.DistributedOptimizer(_base_optimizer(cfg), op=hvd.Average)
         model.compile(optimizer=opt, metrics=["accuracy"],

@@ -38,6 +38,8 @@ def main() -> None:
     x = rng.random((args.batch, 8, 8, 1), dtype=np.float32)
     y = rng.integers(0, 10, args.batch)
     size = hvd.size()
+    from hetgrad.partition import make_plan
+    plan = make_plan([1.0] * size, args.batch * size, 100 * args.batch * size)
 
     def compiled(kind: str):
         model = models.build("wide-mlp", (8, 8, 1), 10)
@@ -45,8 +47,7 @@ def main() -> None:
         if kind == "horovod":
             opt = hvd_keras.DistributedOptimizer(base, op=hvd.Average)
         else:
-            opt = hk.DistributedOptimizer(base, weight="samples" if kind == "hetgrad-samples"
-                                          else 1.0 / size)
+            opt = hk.DistributedOptimizer(base, weight=kind.split("-")[1], plan=plan)
         model.compile(optimizer=opt, loss=tf.keras.losses.SparseCategoricalCrossentropy(True))
         if kind == "hetgrad-samples":
             hk.count_samples(model)

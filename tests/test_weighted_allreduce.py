@@ -10,10 +10,11 @@ def test_three_ranks_weighted_step_equals_full_batch(tmp_path):
     for model in ("dense", "embedding"):
         # the step actually moved the weights, so a zero difference is meaningful
         assert d[f"{model}_step_size"] > 1e-2
-        for weighting in ("plan", "samples", "legacy"):
+        for weighting in ("plan", "planobj", "samples", "legacy"):
             assert d[f"{model}_{weighting}"] < 1e-5, (model, weighting, d)
         # Horovod's plain average of unequal batches is provably a different step
         assert d[f"{model}_horovod_avg"] > 1e-3, d
-    # a partial final batch: exact only when weighting by the samples in the step
+    # a partial final batch: exact with counted samples or per-step plan weights, not b_i/B
     assert d["partial_samples"] < 1e-5, d
+    assert d["partial_planobj"] < 1e-5, d  # the plan knows the final step is partial
     assert d["partial_plan"] > 1e-3, d

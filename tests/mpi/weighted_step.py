@@ -13,6 +13,7 @@ import horovod.tensorflow.keras as hvd_keras
 import tensorflow as tf
 
 import hetgrad.keras as hk
+from hetgrad.partition import Plan
 
 hvd.init()
 tf.config.threading.set_intra_op_parallelism_threads(1)
@@ -60,6 +61,11 @@ for name, build, x in (("dense", dense_model, X), ("embedding", embedding_model,
     results[f"{name}_plan"] = step(build, hk.DistributedOptimizer(sgd(), weight=w), x[mine], Y[mine])
     results[f"{name}_samples"] = step(build, hk.DistributedOptimizer(sgd(), weight="samples"),
                                       x[mine], Y[mine], counted=True)
+    two_steps = Plan(speeds=[1.0] * size, global_batch=B, dataset_size=2 * B, batches=BATCHES,
+                     shard_starts=[2 * sum(BATCHES[:r]) for r in range(size)],
+                     shard_sizes=[2 * b for b in BATCHES], steps_per_epoch=2)
+    results[f"{name}_planobj"] = step(
+        build, hk.DistributedOptimizer(sgd(), weight="plan", plan=two_steps), x[mine], Y[mine])
     results[f"{name}_legacy"] = step(
         build, hk.DistributedOptimizer(tf.keras.optimizers.legacy.SGD(0.5), weight=w),
         x[mine], Y[mine])
@@ -84,6 +90,13 @@ results["partial_samples"] = float(np.max(np.abs(got - ref)))
 stale = step(dense_model, hk.DistributedOptimizer(sgd(), weight=BATCHES[rank] / B),
              xp[plo:plo + PART[rank]], yp[plo:plo + PART[rank]])
 results["partial_plan"] = float(np.max(np.abs(stale - ref)))
+# the same partial step as the final step of a plan: per-step plan weights are exact
+one_step = Plan(speeds=[1.0] * size, global_batch=B, dataset_size=sum(PART), batches=BATCHES,
+                shard_starts=[sum(PART[:r]) for r in range(size)], shard_sizes=PART,
+                steps_per_epoch=1)
+got = step(dense_model, hk.DistributedOptimizer(sgd(), weight="plan", plan=one_step),
+           xp[plo:plo + PART[rank]], yp[plo:plo + PART[rank]])
+results["partial_planobj"] = float(np.max(np.abs(got - ref)))
 
 if rank == 0:
     with open(sys.argv[1], "w") as f:
