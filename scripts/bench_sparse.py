@@ -35,6 +35,34 @@ def run(np_: int, extra: list[str], out: Path) -> dict:
     return json.loads(out.read_text())
 
 
+def plot(rows: list[dict], png: Path) -> None:
+    """Build-up |U|/k and final accuracy per policy, one group of bars per rank count."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    ranks = sorted({r["ranks"] for r in rows})
+    labels = [f"{p}/{e}" for p, _, e in CONFIGS if p != "dense"]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+    width = 0.8 / (len(labels) + 1)
+    for j, lab in enumerate(["dense/dense-allreduce"] + labels):
+        pol, ex = lab.split("/")
+        sel = {r["ranks"]: r for r in rows if r["policy"] == pol and r["exchange"] == ex}
+        xs = [i + j * width for i in range(len(ranks))]
+        if pol != "dense":
+            a1.bar(xs, [sel[n]["buildup"] for n in ranks], width, label=lab, color=f"C{j}")
+        a2.bar(xs, [sel[n]["final_test_accuracy"] for n in ranks], width, label=lab,
+               color=f"C{j}")
+    for a, title in ((a1, "union build-up |U|/k (lower: less to aggregate)"),
+                     (a2, "final test accuracy")):
+        a.set_xticks([i + 0.4 for i in range(len(ranks))], [f"{n} ranks" for n in ranks])
+        a.set_title(title)
+        a.grid(axis="y", alpha=0.3)
+    a2.set_ylim(0.7, 1.0)
+    a2.legend(fontsize=7, loc="lower left")
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", default="2,3,4")
@@ -44,7 +72,12 @@ def main() -> None:
     ap.add_argument("--model", default="mlp")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="results/bench_sparse.json")
+    ap.add_argument("--plot", default=None, help="PNG of build-up and accuracy")
+    ap.add_argument("--plot-only", action="store_true", help="re-plot --out, run nothing")
     args = ap.parse_args()
+    if args.plot_only:
+        plot(json.loads(Path(args.out).read_text())["rows"], Path(args.plot))
+        return
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -74,6 +107,8 @@ def main() -> None:
                       flush=True)
     Path(args.out).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=2))
     print(f"wrote {args.out}")
+    if args.plot:
+        plot(rows, Path(args.plot))
 
 
 if __name__ == "__main__":
