@@ -144,6 +144,7 @@ def plan(speeds, probe_file, global_batch, dataset_size, data, min_batch, max_ba
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--speeds", default=None, help="skip the probe's verdict: plan for these speeds")
 @click.option("--plan", "plan_file", default=None, help="use a saved plan (from `hetgrad plan`)")
+@click.option("--probe-file", default=None, help="reuse a saved probe instead of probing")
 @click.option("--min-batch", default=1, show_default=True, type=int)
 @click.option("--max-batch", default=None, help="per-rank batch cap: one int or one per rank")
 @click.option("--sparsify", default=None, type=click.Choice(["topk", "recent", "sticky", "leader"]),
@@ -158,7 +159,7 @@ def plan(speeds, probe_file, global_batch, dataset_size, data, min_batch, max_ba
 @click.option("--quiet", is_flag=True, help="no progress lines")
 def train(data, model, emulate_speeds, emulate_unit, threads, device, probe_batch, probe_steps,
           probe_timeout, mode, weighting, global_batch, epochs, lr, optimizer, seed, speeds, plan_file,
-          min_batch, max_batch, sparsify, density, exchange, dense_below, out, quiet):
+          probe_file, min_batch, max_batch, sparsify, density, exchange, dense_below, out, quiet):
     """Probe, plan and train (run under mpirun / srun; rank 0 prints and writes --out)."""
     def body():
         from .train import TrainConfig, train as run_train
@@ -168,7 +169,8 @@ def train(data, model, emulate_speeds, emulate_unit, threads, device, probe_batc
                           seed=seed, speeds=_floats("--speeds", speeds), plan=plan_file,
                           emulate_speeds=emulate_speeds, emulate_unit=emulate_unit,
                           probe_batch=probe_batch, probe_steps=probe_steps,
-                          probe_timeout=probe_timeout, min_batch=min_batch,
+                          probe_timeout=probe_timeout, probe_file=probe_file,
+                          min_batch=min_batch,
                           max_batch=caps[0] if caps and len(caps) == 1 else caps,
                           sparsify=sparsify, density=density, exchange=exchange,
                           dense_below=dense_below, threads=threads, device=device, out=out,

@@ -36,6 +36,7 @@ class TrainConfig:
     probe_batch: int = 128
     probe_steps: int = 8
     probe_timeout: float = 300.0
+    probe_file: str | None = None       # reuse a saved probe (`hetgrad probe --out`)
     min_batch: int = 1
     max_batch: list[int] | None = None
     sparsify: str | None = None         # topk | recent | sticky | leader (None: dense)
@@ -234,11 +235,15 @@ def train(cfg: TrainConfig) -> dict:
     emulator = SpeedEmulator(schedule[0][rank], cfg.emulate_unit) if schedule else None
 
     t_probe = time.perf_counter()
-    with tf.device(device):
-        probed = probe.run_probe(comm, build, ds.input_shape, ds.num_classes, device=device,
-                                 batch=cfg.probe_batch, steps=cfg.probe_steps,
-                                 before_step=emulator.pause if emulator else None,
-                                 timeout=cfg.probe_timeout)
+    if cfg.probe_file:
+        probed = probe.load(cfg.probe_file, world_size=size)
+    else:
+        with tf.device(device):
+            probed = probe.run_probe(comm, build, ds.input_shape, ds.num_classes,
+                                     device=device, batch=cfg.probe_batch,
+                                     steps=cfg.probe_steps,
+                                     before_step=emulator.pause if emulator else None,
+                                     timeout=cfg.probe_timeout)
     t_probe = time.perf_counter() - t_probe
     plan = choose_plan(cfg, size, n_train, probed)
     if rank == 0 and cfg.verbose:

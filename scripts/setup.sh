@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Idempotent set-up of a fresh Debian machine for hetgrad:
 # apt packages (Open MPI), a .venv with pinned deps, Horovod 0.28.1 built against TF 2.15.1.
-# Usage: scripts/setup.sh [--with-slurm]
+# Usage: scripts/setup.sh [--no-slurm]   (Slurm + munge are installed for the Slurm tests)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 VENV=${HETGRAD_VENV:-$ROOT/.venv}
-WITH_SLURM=0
-[ "${1:-}" = "--with-slurm" ] && WITH_SLURM=1
+WITH_SLURM=1
+[ "${1:-}" = "--no-slurm" ] && WITH_SLURM=0
 
 SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
 need_apt=()
@@ -31,6 +31,7 @@ PY="$VENV/bin/python"
 "$PY" -m pip install -q --upgrade "pip<25" wheel "setuptools<70"
 "$PY" -m pip install -q -r requirements.txt
 
+export TF_CPP_MIN_LOG_LEVEL=3
 if "$VENV/bin/horovodrun" --check-build 2>/dev/null | grep -q "\[X\] TensorFlow" \
    && "$VENV/bin/horovodrun" --check-build 2>/dev/null | grep -q "\[X\] MPI"; then
   echo "[setup] Horovod already built with TensorFlow+MPI; skipping build"
@@ -43,5 +44,5 @@ else
     "$PY" -m pip install -q --no-cache-dir --no-build-isolation horovod==0.28.1
 fi
 "$PY" -m pip install -q --no-deps --no-build-isolation -e .
-"$VENV/bin/horovodrun" --check-build | sed -n '1,20p'
+TF_CPP_MIN_LOG_LEVEL=3 "$VENV/bin/horovodrun" --check-build 2>/dev/null | grep -E "Horovod|\[X\]"
 echo "[setup] done: $VENV"
