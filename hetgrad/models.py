@@ -22,7 +22,8 @@ def cnn(input_shape, num_classes: int, width: int = 32) -> tf.keras.Model:
     x = layers.Conv2D(width, 3, padding="same", activation="relu")(x)
     x = layers.MaxPooling2D(2)(x)
     x = layers.Conv2D(2 * width, 3, padding="same", activation="relu")(x)
-    x = layers.GlobalAveragePooling2D()(x)
+    x = layers.MaxPooling2D(2)(x)
+    x = layers.Flatten()(x)  # keeps where features are (global pooling would drop it)
     x = layers.Dense(128, activation="relu")(x)
     return tf.keras.Model(inp, layers.Dense(num_classes)(x), name="cnn")
 

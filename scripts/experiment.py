@@ -22,7 +22,7 @@ from hetgrad.cli import mpirun_command  # noqa: E402
 TASKS = {  # name: (train args, epochs)
     "digits-mlp": (["--data", "digits", "--model", "mlp", "--global-batch", "96"], 10),
     "synthetic-cnn": (["--data", "synthetic", "--model", "cnn", "--global-batch", "128",
-                       "--lr", "0.02"], 4),
+                       "--optimizer", "adam", "--lr", "0.002"], 4),
 }
 
 
