@@ -50,6 +50,7 @@ def summarize(runs: list[dict]) -> list[dict]:
             "efficiency": [r["throughput_efficiency"] for r in rs],
             "final_acc": [r["final_test_accuracy"] for r in rs],
             "best_acc": [r["best_test_accuracy"] for r in rs],
+            "mean_idle": [float(np.mean(idle_shares(r))) for r in rs],
         })
     # speed-up of each mode over `equal` in the same task and profile
     base = {(r["task"], r["profile"]): np.mean(r["epoch_time_s"]) for r in rows
@@ -62,15 +63,24 @@ def summarize(runs: list[dict]) -> list[dict]:
 
 def markdown(rows: list[dict]) -> str:
     head = ("| task | speeds | mode | seeds | epoch time (s) | samples/s | efficiency | "
-            "speed-up vs equal | final acc | best acc |\n|" + "---|" * 10)
+            "speed-up vs equal | mean idle share | final acc | best acc |\n|" + "---|" * 11)
     lines = [head]
     for r in rows:
         sp = "–" if r["speedup_vs_equal"] is None else f"{r['speedup_vs_equal']:.2f}x"
         lines.append(f"| {r['task']} | {r['profile']} | {r['mode']} | {r['seeds']} | "
                      f"{_ms(r['epoch_time_s'])} | {_ms(r['samples_per_s'])} | "
-                     f"{_ms(r['efficiency'])} | {sp} | {_ms(r['final_acc'])} | "
+                     f"{_ms(r['efficiency'])} | {sp} | {_ms(r['mean_idle'])} | "
+                     f"{_ms(r['final_acc'])} | "
                      f"{_ms(r['best_acc'])} |")
     return "\n".join(lines) + "\n"
+
+
+def idle_shares(rec: dict) -> list[float]:
+    """Per-rank idle share of an epoch, estimated from the probe: a rank is busy
+    ``shard_i / probed_rate_i`` seconds and waits for the slowest for the rest."""
+    t = rec["median_epoch_time_s"]
+    return [max(0.0, 1.0 - n / p["samples_per_s"] / t)
+            for n, p in zip(rec["plan"]["shard_sizes"], rec["probe"])]
 
 
 def plots(runs: list[dict], out_dir: Path) -> list[Path]:
@@ -86,12 +96,20 @@ def plots(runs: list[dict], out_dir: Path) -> list[Path]:
         groups[(task, profile)][mode].append(r)
     written = []
     for (task, profile), modes in sorted(groups.items()):
-        fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.8))
+        fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(15, 3.8))
         for mode, rs in sorted(modes.items()):
             acc = np.mean([[e["test_accuracy"] for e in r["epochs"]] for r in rs], axis=0)
             t = np.mean([np.cumsum([e["time_s"] for e in r["epochs"]]) for r in rs], axis=0)
             a1.plot(np.arange(1, len(acc) + 1), acc, marker="o", label=mode)
             a2.plot(t, acc, marker="o", label=mode)
+        names = sorted(modes)
+        for j, mode in enumerate(names):
+            idle = np.mean([idle_shares(r) for r in modes[mode]], axis=0)
+            xs = np.arange(len(idle)) + j / (len(names) + 1)
+            a3.bar(xs, idle, 1 / (len(names) + 1), label=mode)
+        a3.set(xlabel="rank", ylabel="idle share of epoch (probe estimate)", ylim=(0, 1))
+        a3.set_xticks(np.arange(len(idle)) + 0.33, [str(r) for r in range(len(idle))])
+        a3.legend()
         a1.set(xlabel="epoch", ylabel="test accuracy", title=f"{task}, speeds {profile}")
         a2.set(xlabel="training time (s)", ylabel="test accuracy")
         for a in (a1, a2):
