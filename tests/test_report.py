@@ -1,0 +1,43 @@
+"""`hetgrad report`: grouping over seeds, speed-up against equal, plots written, bad files."""
+import json
+
+import pytest
+
+from hetgrad.errors import HetgradError
+from hetgrad.report import report
+
+
+def record(mode, seed, epoch_time, acc):
+    return {"config": {"model": "mlp", "data": "digits", "mode": mode, "seed": seed,
+                       "emulate_speeds": "1,3"},
+            "plan": {"speeds": [1, 3], "shard_sizes": [25, 75], "batches": [1, 3]},
+            "probe": [{"samples_per_s": 100.0}, {"samples_per_s": 300.0}],
+            "epochs": [{"test_accuracy": acc, "time_s": epoch_time}] * 2,
+            "median_epoch_time_s": epoch_time, "samples_per_s": 100 / epoch_time,
+            "throughput_efficiency": 100 / epoch_time / 400, "final_test_accuracy": acc,
+            "best_test_accuracy": acc}
+
+
+def test_report_groups_seeds_and_computes_speedup(tmp_path):
+    files = []
+    for mode, t in (("equal", 1.0), ("weighted", 0.5)):
+        for seed, acc in enumerate((0.9, 0.8)):
+            f = tmp_path / f"{mode}{seed}.json"
+            f.write_text(json.dumps(record(mode, seed, t + 0.1 * seed, acc)))
+            files.append(f)
+    md, pngs = report(files, tmp_path / "out")
+    rows = json.loads((tmp_path / "out/summary.json").read_text())
+    by_mode = {r["mode"]: r for r in rows}
+    assert by_mode["equal"]["seeds"] == 2
+    assert by_mode["weighted"]["speedup_vs_equal"] == pytest.approx(1.05 / 0.55)
+    # weighted: rank 0 busy 25/100 = 0.25 s of 0.5 s -> idle 0.5; rank 1 busy 0.25 s -> 0.5
+    assert by_mode["weighted"]["mean_idle"][0] == pytest.approx(0.5)
+    assert "| mlp/digits | 1,3 | weighted | 2 |" in md and "1.91x" in md
+    assert len(pngs) == 1 and pngs[0].stat().st_size > 10_000
+
+
+def test_report_rejects_non_records(tmp_path):
+    bad = tmp_path / "x.json"
+    bad.write_text("{}")
+    with pytest.raises(HetgradError, match="x.json is not a `hetgrad train` record"):
+        report([bad], tmp_path)
