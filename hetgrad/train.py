@@ -43,6 +43,9 @@ class TrainConfig:
     density: float = 0.01
     exchange: str = "union"             # allgather | union
     dense_below: int = 1024             # tensors smaller than this stay dense
+    checkpoint_dir: str | None = None   # rank 0 saves model+optimizer+epoch+plan here
+    checkpoint_every: int = 1           # epochs between checkpoints
+    resume: str | None = None           # a checkpoint dir to continue from
     threads: int = 1
     device: str = "cpu"
     out: str = "run.json"
@@ -65,6 +68,15 @@ class TrainConfig:
             raise HetgradError(f"must be >= 1, got {self.threads}", flag="--threads")
         if self.emulate_unit <= 0:
             raise HetgradError("must be > 0", flag="--emulate-unit")
+        if self.sparsify and (self.checkpoint_dir or self.resume):
+            raise HetgradError("checkpoints do not hold sparse residuals yet; drop --sparsify",
+                               flag="--checkpoint-dir")
+        if self.checkpoint_every < 1:
+            raise HetgradError(f"must be >= 1, got {self.checkpoint_every}",
+                               flag="--checkpoint-every")
+        if self.resume and not (Path(self.resume) / "state.json").is_file():
+            raise HetgradError(f"no checkpoint in {self.resume} (state.json missing)",
+                               flag="--resume")
         if self.sparsify is not None and self.mode != "weighted":
             raise HetgradError("sparsification runs with --mode weighted only", flag="--sparsify")
         out_dir = Path(self.out).resolve().parent
@@ -211,6 +223,24 @@ def _fit_sparse(cfg, comm, model, plan, rank, local, emulator, callbacks) -> lis
     return steps_log
 
 
+def _local_batches(ds, plan: Plan, rank: int, seed: int, start_epoch: int, epochs: int):
+    """This rank's batches for epochs ``start_epoch..epochs-1``: epoch ``e`` visits the shard in
+    an order seeded by ``(seed, rank, e)``, so a resumed run sees exactly the same batches."""
+    import tensorflow as tf
+    lo, n = plan.shard_starts[rank], plan.shard_sizes[rank]
+    x, y = ds.x_train[lo:lo + n], ds.y_train[lo:lo + n]
+    if start_epoch >= epochs:
+        raise HetgradError(f"the checkpoint is at epoch {start_epoch}; ask for more epochs",
+                           flag="--epochs")
+    order = np.stack([np.random.default_rng([seed, rank, e]).permutation(n)
+                      for e in range(start_epoch, epochs)])
+    b = plan.batches[rank]
+    return (tf.data.Dataset.from_tensor_slices(order)
+            .flat_map(lambda idx: tf.data.Dataset.from_tensor_slices(idx).batch(b))
+            .map(lambda idx: (tf.gather(x, idx), tf.gather(y, idx)))
+            .prefetch(2))
+
+
 def train(cfg: TrainConfig) -> dict:
     """Run one training job on the current MPI world; rank 0 writes and returns the record."""
     from .runtime import configure_tf, init
@@ -222,6 +252,7 @@ def train(cfg: TrainConfig) -> dict:
     from . import models, probe
     from .emulate import SpeedEmulator, parse_schedule
     from .keras import DistributedOptimizer, count_samples
+    from . import checkpoint
 
     rank, size = hvd.rank(), hvd.size()
     device = configure_tf(cfg.threads, cfg.device)
@@ -234,8 +265,11 @@ def train(cfg: TrainConfig) -> dict:
 
     emulator = SpeedEmulator(schedule[0][rank], cfg.emulate_unit) if schedule else None
 
+    state = checkpoint.read_state(cfg.resume) if cfg.resume else None
     t_probe = time.perf_counter()
-    if cfg.probe_file:
+    if state:  # same plan and probe as the interrupted run: the same shards
+        probed = [probe.ProbeResult(**d) for d in state["probe"]]
+    elif cfg.probe_file:
         probed = probe.load(cfg.probe_file, world_size=size)
     else:
         with tf.device(device):
@@ -245,7 +279,7 @@ def train(cfg: TrainConfig) -> dict:
                                      before_step=emulator.pause if emulator else None,
                                      timeout=cfg.probe_timeout)
     t_probe = time.perf_counter() - t_probe
-    plan = choose_plan(cfg, size, n_train, probed)
+    plan = Plan(**state["plan"]) if state else choose_plan(cfg, size, n_train, probed)
     if rank == 0 and cfg.verbose:
         print(f"hetgrad: {size} ranks, mode {cfg.mode}, probe samples/s "
               f"{[round(p.samples_per_s) for p in probed]}", flush=True)
@@ -253,10 +287,8 @@ def train(cfg: TrainConfig) -> dict:
               f"{plan.shard_sizes}, {plan.steps_per_epoch} steps/epoch"
               + (f", {plan.dropped} samples dropped" if plan.dropped else ""), flush=True)
 
-    lo, n = plan.shard_starts[rank], plan.shard_sizes[rank]
-    local = tf.data.Dataset.from_tensor_slices((ds.x_train[lo:lo + n], ds.y_train[lo:lo + n]))
-    local = (local.shuffle(n, seed=cfg.seed + rank, reshuffle_each_iteration=True)
-             .batch(plan.batches[rank]).repeat().prefetch(2))
+    start_epoch = state["epoch"] if state else 0
+    local = _local_batches(ds, plan, rank, cfg.seed, start_epoch, cfg.epochs)
     test = tf.data.Dataset.from_tensor_slices((ds.x_test, ds.y_test)).batch(512)
 
     with tf.device(device):
@@ -271,6 +303,12 @@ def train(cfg: TrainConfig) -> dict:
                       loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         if cfg.mode == "weighted" and cfg.weighting == "samples" and not cfg.sparsify:
             count_samples(model)
+        ckpt = checkpoint.Checkpointer(cfg.checkpoint_dir or cfg.resume, model, opt, rank,
+                                       every=cfg.checkpoint_every,
+                                       state={"plan": plan.to_dict(),
+                                              "probe": [asdict(p) for p in probed]})
+        if state:
+            ckpt.restore(state)
         epochs_log: list[dict] = []
         callbacks = _callbacks(cfg, plan, rank, size, model, test, emulator, schedule, epochs_log)
         sparse_steps = None
@@ -279,9 +317,11 @@ def train(cfg: TrainConfig) -> dict:
             sparse_steps = _fit_sparse(cfg, comm, model, plan, rank, local, emulator, callbacks)
         else:
             emulate = [emulator.callback(lambda i: _batch_size(plan, rank, i))] if emulator else []
-            model.fit(local, epochs=cfg.epochs, steps_per_epoch=plan.steps_per_epoch, verbose=0,
+            saving = [ckpt.callback()] if (cfg.checkpoint_dir or cfg.resume) else []
+            model.fit(local, epochs=cfg.epochs, initial_epoch=start_epoch,
+                      steps_per_epoch=plan.steps_per_epoch, verbose=0,
                       callbacks=[hvd_keras.callbacks.BroadcastGlobalVariablesCallback(0),
-                                 *emulate, *callbacks])
+                                 *emulate, *callbacks, *saving])
         wall = time.perf_counter() - t0
 
     epoch_times = comm.gather([row["time_s"] for row in epochs_log], root=0)

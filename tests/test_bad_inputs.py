@@ -30,6 +30,9 @@ CASES = [
     (["--plan", "{d}/garbage.json"], "--plan: cannot read plan file"),
     (["--mode", "equal", "--sparsify", "topk"], "--sparsify: sparsification runs with --mode weighted only"),
     (["--sparsify", "topk", "--density", "2"], "--density: density must be in (0, 1]"),
+    (["--resume", "{d}"], "--resume: no checkpoint in"),
+    (["--sparsify", "topk", "--checkpoint-dir", "{d}"], "--checkpoint-dir: checkpoints do not hold"),
+    (["--checkpoint-every", "0"], "--checkpoint-every: must be >= 1"),
 ]
 
 
