@@ -3,6 +3,7 @@
 Layout of a checkpoint directory::
 
     ckpt-<epoch>/       tf.train.Checkpoint files (model + optimizer, incl. iterations)
+      rank-<r>.npz      per-rank state (sparse mode: residuals and selection history)
     state.json          {"epoch", "checkpoint", "plan", "probe"} -- written last, by rename,
                         so it always names a complete checkpoint
     final_weights.npz   the model's weights when training ended
@@ -31,7 +32,8 @@ def read_state(directory: str | os.PathLike) -> dict:
 
 
 class Checkpointer:
-    """Saves every ``every`` epochs (rank 0 only) and restores on every rank."""
+    """Saves every ``every`` epochs (rank 0 only) and restores on every rank; with no
+    ``directory`` every call is a no-op."""
 
     def __init__(self, directory: str | None, model, optimizer, rank: int, *, every: int = 1,
                  state: dict | None = None):
@@ -44,8 +46,14 @@ class Checkpointer:
         self.optimizer = optimizer
         self.ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer)
 
-    def save(self, epoch: int) -> None:
-        """Write ``ckpt-<epoch>`` under a temporary name, rename it, then commit state.json."""
+    def due(self, epoch: int, last: bool = False) -> bool:
+        """Whether to save after ``epoch`` epochs: every ``every``, and after the ``last``."""
+        return self.dir is not None and (epoch % self.every == 0 or last)
+
+    def save(self, epoch: int, per_rank: list[dict] | None = None, **state) -> None:
+        """Write ``ckpt-<epoch>`` under a temporary name, rename it, then commit state.json
+        (``state`` adds to or replaces the fixed state, e.g. the plan for the next epoch).
+        ``per_rank[r]`` (arrays gathered to rank 0) goes to ``ckpt-<epoch>/rank-<r>.npz``."""
         if self.dir is None or self.rank != 0:
             return
         from .train import write_json
@@ -54,9 +62,11 @@ class Checkpointer:
         tmp = self.dir / f".ckpt-{epoch}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         self.ckpt.write(str(tmp / "ckpt"))
+        for r, arrays in enumerate(per_rank or []):
+            np.savez(tmp / f"rank-{r}.npz", **arrays)
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
-        write_json({**self.state, "epoch": epoch, "checkpoint": final.name},
+        write_json({**self.state, **state, "epoch": epoch, "checkpoint": final.name},
                    self.dir / "state.json")
         for old in self.dir.glob("ckpt-*"):
             if old != final:
@@ -77,20 +87,14 @@ class Checkpointer:
         except (tf_errors() + (AssertionError, ValueError)) as exc:
             raise HetgradError(f"cannot restore {path}: {exc}", flag="--resume") from None
 
-    def callback(self):
-        import tensorflow as tf
-        saver = self
-
-        class Save(tf.keras.callbacks.Callback):
-            def on_epoch_end(self, epoch, logs=None):
-                if (epoch + 1) % saver.every == 0:
-                    saver.save(epoch + 1)
-
-            def on_train_end(self, logs=None):
-                saver.save_final_weights()
-
-        return Save()
-
+    def rank_state(self, state: dict) -> dict:
+        """This rank's arrays saved with ``per_rank`` (e.g. sparse residuals)."""
+        path = self.dir / state["checkpoint"] / f"rank-{self.rank}.npz"
+        try:
+            with np.load(path) as f:
+                return {k: f[k] for k in f.files}
+        except OSError as exc:
+            raise HetgradError(f"cannot read {path}: {exc}", flag="--resume") from None
 
 def tf_errors() -> tuple:
     import tensorflow as tf

@@ -155,14 +155,23 @@ def plan(speeds, probe_file, global_batch, dataset_size, data, min_batch, max_ba
               type=click.Choice(["allgather", "union"]))
 @click.option("--dense-below", default=1024, show_default=True, type=int,
               help="tensors with fewer entries stay dense")
+@click.option("--rebalance", is_flag=True,
+              help="re-plan between epochs from each rank's measured busy time")
+@click.option("--rebalance-threshold", default=0.1, show_default=True, type=float,
+              help="re-plan when max(busy)/mean(busy) - 1 exceeds this")
+@click.option("--on-nonfinite", default="abort", show_default=True,
+              type=click.Choice(["abort", "ignore"]),
+              help="NaN/Inf in a rank's local gradients: end the job naming the rank, or go on")
 @click.option("--checkpoint-dir", default=None, help="rank 0 saves checkpoints here")
 @click.option("--checkpoint-every", default=1, show_default=True, type=int, help="epochs")
 @click.option("--resume", default=None, help="continue from this checkpoint dir")
 @click.option("--out", default="run.json", show_default=True, help="JSON record (rank 0)")
 @click.option("--quiet", is_flag=True, help="no progress lines")
 def train(data, model, emulate_speeds, emulate_unit, threads, device, probe_batch, probe_steps,
-          probe_timeout, mode, weighting, global_batch, epochs, lr, optimizer, seed, speeds, plan_file,
-          probe_file, min_batch, max_batch, sparsify, density, exchange, dense_below, checkpoint_dir, checkpoint_every, resume, out, quiet):
+          probe_timeout, mode, weighting, global_batch, epochs, lr, optimizer, seed, speeds,
+          plan_file, probe_file, min_batch, max_batch, sparsify, density, exchange, dense_below, rebalance,
+          rebalance_threshold, on_nonfinite, checkpoint_dir, checkpoint_every, resume, out,
+          quiet):
     """Probe, plan and train (run under mpirun / srun; rank 0 prints and writes --out)."""
     def body():
         from .train import TrainConfig, train as run_train
@@ -176,8 +185,10 @@ def train(data, model, emulate_speeds, emulate_unit, threads, device, probe_batc
                           min_batch=min_batch,
                           max_batch=caps[0] if caps and len(caps) == 1 else caps,
                           sparsify=sparsify, density=density, exchange=exchange,
-                          dense_below=dense_below, checkpoint_dir=checkpoint_dir,
-                          checkpoint_every=checkpoint_every, resume=resume, threads=threads, device=device, out=out,
+                          dense_below=dense_below, rebalance=rebalance,
+                          rebalance_threshold=rebalance_threshold, on_nonfinite=on_nonfinite,
+                          checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
+                          resume=resume, threads=threads, device=device, out=out,
                           verbose=not quiet)
         run_train(cfg)
     _run(body)

@@ -69,6 +69,11 @@ def load_npz(path: str | Path, *, flag: str = "--data") -> Dataset:
                                flag=flag)
     if len(arrays["y_train"]) == 0:
         raise HetgradError(f"{path}: x_train is empty", flag=flag)
+    for key in ("x_train", "x_test"):
+        x = arrays[key]
+        if np.issubdtype(x.dtype, np.floating) and not np.isfinite(x).all():
+            raise HetgradError(f"{path}: {key} holds {int(np.size(x) - np.isfinite(x).sum())} "
+                               "NaN/Inf values", flag=flag)
     return _prepare(path.stem, arrays)
 
 

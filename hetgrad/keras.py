@@ -15,15 +15,44 @@ import horovod.tensorflow.keras as hvd_keras
 import tensorflow as tf
 
 from .allreduce import WeightedAllreduce
+from .rebalance import StepTimer
 
 BroadcastGlobalVariablesCallback = hvd_keras.callbacks.BroadcastGlobalVariablesCallback
 
 
-class _WeightedGradients:
-    """Mixin placed before a Keras optimizer class: the backward pass is seeded with this
-    rank's weight ``w_i`` (free), then the weighted gradients are summed over ranks."""
+NONFINITE = "hetgrad: non-finite local gradient"
+
+
+def _assert_finite(grads: list) -> list:
+    """Fail this rank's step (before the exchange) if a local gradient holds NaN or Inf."""
+    values = [g.values if isinstance(g, tf.IndexedSlices) else g for g in grads if g is not None]
+    finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in values])
+    check = tf.debugging.Assert(finite, [NONFINITE])
+    with tf.control_dependencies([check]):
+        return [None if g is None else
+                tf.IndexedSlices(tf.identity(g.values), g.indices, g.dense_shape)
+                if isinstance(g, tf.IndexedSlices) else tf.identity(g) for g in grads]
+
+
+class _Exchange:
+    """Shared by both mixins: optional finiteness check, busy/wait timing, weighted sum."""
 
     _hetgrad_reduce: WeightedAllreduce
+    hetgrad_timer: StepTimer
+    hetgrad_check_finite: bool
+
+    def _hetgrad_exchange(self, grads: list) -> list:
+        if self.hetgrad_check_finite:
+            grads = _assert_finite(grads)
+        t_ready = self.hetgrad_timer.ready(grads)
+        out = self._hetgrad_reduce.sum(grads)
+        self.hetgrad_timer.done(t_ready, out)
+        return out
+
+
+class _WeightedGradients(_Exchange):
+    """Mixin placed before a Keras optimizer class: the backward pass is seeded with this
+    rank's weight ``w_i`` (free), then the weighted gradients are summed over ranks."""
 
     # Keras 2.11+ optimizers (tf.keras.optimizers.*) call this from minimize().
     def compute_gradients(self, loss, var_list, tape=None):
@@ -36,79 +65,102 @@ class _WeightedGradients:
                 loss = loss()
         w = tf.cast(self._hetgrad_reduce.local_weight(), loss.dtype)
         grads = tape.gradient(loss, var_list, output_gradients=tf.fill(tf.shape(loss), w))
-        return list(zip(self._hetgrad_reduce.sum(grads), var_list))
+        return list(zip(self._hetgrad_exchange(grads), var_list))
 
 
-class _WeightedGradientsLegacy:
+class _WeightedGradientsLegacy(_Exchange):
     """The same for ``tf.keras.optimizers.legacy.*`` (OptimizerV2): ``grad_loss`` seeds it."""
-
-    _hetgrad_reduce: WeightedAllreduce
 
     def _compute_gradients(self, loss, var_list, grad_loss=None, tape=None):
         if grad_loss is not None:
             raise ValueError("hetgrad's DistributedOptimizer sets grad_loss itself")
         w = self._hetgrad_reduce.local_weight()
         gv = super()._compute_gradients(loss, var_list, grad_loss=w, tape=tape)
-        grads = self._hetgrad_reduce.sum([g for g, _ in gv])
+        grads = self._hetgrad_exchange([g for g, _ in gv])
         return list(zip(grads, [v for _, v in gv]))
 
 
-def plan_weight(plan, rank: int, iterations: tf.Variable):
+class PlanWeight:
     """Per-step ``w_i`` from a partition plan: ``b_i / B`` in full steps and
     ``last_i / sum_j last_j`` in an epoch's partial final step. Exact, and needs no
-    communication (every rank knows the plan); the step is read from ``iterations``."""
-    steps = plan.steps_per_epoch
-    full = plan.batches[rank] / plan.global_batch
-    lasts = plan.last_batches()
-    last = lasts[rank] / sum(lasts)
+    communication (every rank knows the plan); the step is read from ``iterations``.
+    The shares live in variables, so :meth:`update` switches plans without retracing."""
 
-    def weight():
-        final = tf.equal(tf.math.floormod(iterations, steps), steps - 1)
-        return tf.where(final, tf.constant(last, tf.float32), tf.constant(full, tf.float32))
+    def __init__(self, plan, rank: int, iterations: tf.Variable):
+        self.rank = rank
+        self.iterations = iterations
+        self.full = tf.Variable(0.0, trainable=False, name="hetgrad_full_share")
+        self.last = tf.Variable(0.0, trainable=False, name="hetgrad_last_share")
+        self.steps = tf.Variable(1, dtype=iterations.dtype, trainable=False,
+                                 name="hetgrad_steps")
+        self.update(plan)
 
-    return weight
+    def update(self, plan) -> None:
+        lasts = plan.last_batches()
+        self.full.assign(plan.batches[self.rank] / plan.global_batch)
+        self.last.assign(lasts[self.rank] / sum(lasts))
+        self.steps.assign(plan.steps_per_epoch)
+
+    def __call__(self) -> tf.Tensor:
+        final = tf.equal(tf.math.floormod(self.iterations, self.steps), self.steps - 1)
+        return tf.where(final, self.last, self.full)
 
 
 def DistributedOptimizer(optimizer, weight="samples", *, plan=None, rank: int | None = None,
                          compression=hvd.Compression.none, sparse_as_dense: bool = False,
-                         name: str | None = None):
+                         check_finite: bool = True, name: str | None = None):
     """Wrap a Keras optimizer so gradients are combined as ``sum_i (b_i/B) g_i``.
 
     ``weight``: this rank's share ``b_i / B`` (float, e.g. ``plan.weights()[hvd.rank()]``);
     ``"plan"`` with ``plan=`` (and ``rank=``, default ``hvd.rank()``) for exact per-step plan
     weights including the partial final step (no extra communication; one optimizer step per
-    batch, counted by ``iterations`` from the start of an epoch); or ``"samples"`` to weight by
-    the samples in each step, for data of unknown batch sizes (needs :func:`count_samples`,
-    costs one scalar allreduce per step).
+    batch, counted by ``iterations`` from the start of an epoch; :func:`set_plan` switches
+    plans); or ``"samples"`` to weight by the samples in each step, for data of unknown batch
+    sizes (needs :func:`count_samples`, costs one scalar allreduce per step).
+    ``check_finite``: a NaN/Inf in this rank's local gradients fails its step with
+    :data:`NONFINITE` in the error (so the culprit rank is the one that reports it).
     Returns a new optimizer of a subclass of ``type(optimizer)`` built from its config, like
-    Horovod's. ``optimizer.hetgrad_local_count`` is the per-step sample counter.
+    Horovod's. ``optimizer.hetgrad_local_count`` is the per-step sample counter and
+    ``optimizer.hetgrad_timer`` the :class:`~hetgrad.rebalance.StepTimer` of this rank.
     """
     base = type(optimizer)
     legacy = isinstance(optimizer, tf.keras.optimizers.legacy.Optimizer)
     mixin = _WeightedGradientsLegacy if legacy else _WeightedGradients
     cls = type(f"HetgradDistributed{base.__name__}", (mixin, base), {})
     opt = cls.from_config(optimizer.get_config())
+    counter = None
+    opts = dict(compression=compression, sparse_as_dense=sparse_as_dense, name=name or "hetgrad")
     if weight == "samples":
         counter = tf.Variable(0, dtype=tf.int32, trainable=False, name="hetgrad_local_count")
-        reduce = WeightedAllreduce(local_count=counter, compression=compression,
-                                   sparse_as_dense=sparse_as_dense, name=name or "hetgrad")
+        reduce = WeightedAllreduce(local_count=counter, **opts)
     elif weight == "plan":
         if plan is None:
             raise ValueError("weight='plan' needs plan=")
-        counter = None
-        reduce = WeightedAllreduce(plan_weight(plan, hvd.rank() if rank is None else rank,
-                                               opt.iterations),
-                                   compression=compression, sparse_as_dense=sparse_as_dense,
-                                   name=name or "hetgrad")
+        reduce = WeightedAllreduce(PlanWeight(plan, hvd.rank() if rank is None else rank,
+                                              opt.iterations), **opts)
     elif isinstance(weight, (int, float)):
-        counter = None
-        reduce = WeightedAllreduce(float(weight), compression=compression,
-                                   sparse_as_dense=sparse_as_dense, name=name or "hetgrad")
+        reduce = WeightedAllreduce(float(weight), **opts)
     else:
-        raise ValueError(f"weight must be a float share or 'samples', got {weight!r}")
+        raise ValueError(f"weight must be a float share, 'plan' or 'samples', got {weight!r}")
     opt._hetgrad_reduce = reduce
     opt.hetgrad_local_count = counter
+    opt.hetgrad_timer = StepTimer()
+    opt.hetgrad_check_finite = bool(check_finite)
     return opt
+
+
+def set_plan(optimizer, plan) -> None:
+    """Use ``plan``'s shares from the next step on (after a re-partition between epochs).
+
+    A no-op for ``weight="samples"`` (it counts whatever arrives); a fixed float share cannot
+    follow a new plan and raises."""
+    reduce = getattr(optimizer, "_hetgrad_reduce", None)
+    if reduce is None:
+        raise ValueError("not a hetgrad DistributedOptimizer")
+    if isinstance(reduce.weight, PlanWeight):
+        reduce.weight.update(plan)
+    elif reduce.weight is not None:
+        raise ValueError("a fixed float weight cannot follow a new plan; use weight='plan'")
 
 
 def count_samples(model: tf.keras.Model) -> None:

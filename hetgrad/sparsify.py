@@ -177,6 +177,27 @@ class SparseExchanger:
         self.state = SelectionState(n)
         self.policy_args = policy_args
 
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """This rank's memory and selection history, for a checkpoint."""
+        d = {"residual": self.memory.residual, "step": np.int64(self.state.step),
+             "prev_union": self.state.prev_union, "last_chosen": self.state.last_chosen}
+        if self.memory.velocity is not None:
+            d["velocity"] = self.memory.velocity
+        return d
+
+    def load_state_dict(self, d) -> None:
+        """Continue from :meth:`state_dict` (bit for bit)."""
+        if d["residual"].shape != self.memory.residual.shape:
+            raise HetgradError(f"checkpointed residual has {d['residual'].size} entries, the "
+                               f"model's sparse tensors {self.memory.residual.size}",
+                               flag="--resume")
+        self.memory.residual = np.array(d["residual"], np.float32)
+        if self.memory.velocity is not None:
+            self.memory.velocity = np.array(d["velocity"], np.float32)
+        self.state.step = int(d["step"])
+        self.state.prev_union = np.array(d["prev_union"], np.int64)
+        self.state.last_chosen = np.array(d["last_chosen"], np.int64)
+
     def _choose(self, acc: np.ndarray) -> np.ndarray:
         if self.policy == "leader":  # the cyclic leader decides the mask for everyone
             leader = self.state.step % self.comm.Get_size()

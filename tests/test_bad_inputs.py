@@ -2,6 +2,7 @@
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 
@@ -10,6 +11,9 @@ def files(tmp_path_factory):
     d = tmp_path_factory.mktemp("bad")
     (d / "garbage.npz").write_bytes(b"\x00not a zip")
     (d / "garbage.json").write_text("[1, 2")
+    x = np.zeros((8, 4, 4), np.float32)
+    x[3, 1, 1] = np.nan
+    np.savez(d / "nan.npz", x_train=x, y_train=np.arange(8) % 2, x_test=x[:2], y_test=[0, 1])
     return d
 
 
@@ -31,7 +35,9 @@ CASES = [
     (["--mode", "equal", "--sparsify", "topk"], "--sparsify: sparsification runs with --mode weighted only"),
     (["--sparsify", "topk", "--density", "2"], "--density: density must be in (0, 1]"),
     (["--resume", "{d}"], "--resume: no checkpoint in"),
-    (["--sparsify", "topk", "--checkpoint-dir", "{d}"], "--checkpoint-dir: checkpoints do not hold"),
+    (["--data", "{d}/nan.npz"], "nan.npz: x_train holds 1 NaN/Inf values"),
+    (["--mode", "equal", "--rebalance"], "--rebalance: rebalancing needs --mode weighted"),
+    (["--rebalance", "--rebalance-threshold", "-1"], "--rebalance-threshold: must be a number >= 0"),
     (["--checkpoint-every", "0"], "--checkpoint-every: must be >= 1"),
 ]
 

@@ -18,3 +18,6 @@ def test_three_ranks_weighted_step_equals_full_batch(tmp_path):
     assert d["partial_samples"] < 1e-5, d
     assert d["partial_planobj"] < 1e-5, d  # the plan knows the final step is partial
     assert d["partial_plan"] > 1e-3, d
+    # set_plan between steps (rebalancing) takes effect in the traced step, exactly
+    assert d["switched_step_size"] > 1e-2, d
+    assert d["switched_plan"] < 1e-5, d

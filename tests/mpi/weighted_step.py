@@ -98,6 +98,34 @@ got = step(dense_model, hk.DistributedOptimizer(sgd(), weight="plan", plan=one_s
            xp[plo:plo + PART[rank]], yp[plo:plo + PART[rank]])
 results["partial_planobj"] = float(np.max(np.abs(got - ref)))
 
+# A plan switch between steps (what --rebalance does): step 1 under plan A, then set_plan(B)
+# and step 2 on B's batches must equal one process stepping from the same weights on the
+# concatenated batch -- through the already traced train function.
+def plan_of(batches, steps=10):
+    return Plan(speeds=[1.0] * size, global_batch=sum(batches), dataset_size=steps * sum(batches),
+                batches=list(batches), shard_starts=[steps * sum(batches[:r]) for r in range(size)],
+                shard_sizes=[steps * b for b in batches], steps_per_epoch=steps)
+
+
+A = [11, 11, 10][:size]
+a_lo = sum(A[:rank])
+model = dense_model()
+opt = hk.DistributedOptimizer(sgd(), weight="plan", plan=plan_of(A))
+model.compile(optimizer=opt, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+model.train_on_batch(X[a_lo:a_lo + A[rank]], Y[a_lo:a_lo + A[rank]])
+w1 = model.get_weights()
+hk.set_plan(opt, plan_of(BATCHES))
+model.train_on_batch(X[mine], Y[mine])
+ref_model = dense_model()
+ref_model.set_weights(w1)
+ref_model.compile(optimizer=sgd(),
+                  loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+ref_model.train_on_batch(X, Y)
+flat = lambda ws: np.concatenate([w.ravel() for w in ws])  # noqa: E731
+results["switched_plan"] = float(np.max(np.abs(flat(model.get_weights())
+                                                - flat(ref_model.get_weights()))))
+results["switched_step_size"] = float(np.max(np.abs(flat(w1) - flat(ref_model.get_weights()))))
+
 if rank == 0:
     with open(sys.argv[1], "w") as f:
         json.dump(results, f, indent=2)

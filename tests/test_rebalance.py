@@ -1,0 +1,100 @@
+"""Semi-dynamic rebalancing: the decision rule (no MPI) and a real 3-rank run with a mid-run
+slowdown, with and without --rebalance."""
+import json
+
+import pytest
+
+from conftest import hetgrad_mpi, read_json
+from hetgrad.errors import HetgradError
+from hetgrad.partition import make_plan
+from hetgrad.rebalance import Rebalancer, imbalance
+
+
+class Gathered:
+    """Stands in for an MPI communicator: allgather returns every rank's (busy, wait)."""
+
+    def __init__(self, rows):
+        self.rows = rows
+
+    def allgather(self, _mine):
+        return self.rows
+
+
+PLAN = make_plan([1, 1, 1], 96, 1437)  # [32, 32, 32], 479 samples each, 15 steps
+
+
+def test_slow_rank_gets_a_batch_proportional_to_its_measured_speed():
+    r = Rebalancer(Gathered([(1.0, 3.0), (4.0, 0.0), (1.0, 3.0)]), threshold=0.1)
+    new = r.after_epoch(2, PLAN, 0.0, 0.0)
+    e = r.history[-1]
+    assert e.epoch == 3 and e.replanned and abs(e.imbalance - 1.0) < 1e-12  # max 4 / mean 2
+    assert e.measured_samples_per_s == [479.0, 119.75, 479.0]
+    assert new.global_batch == 96 and new.steps_per_epoch == PLAN.steps_per_epoch
+    assert new.batches[1] in (10, 11) and sum(new.batches) == 96  # 96 * 1 / 9 = 10.7
+    assert new.shard_sizes[1] < 170 and sum(new.shard_sizes) == 1437
+    # old epoch: 4 s (the slow rank); new: max(n_i / s_i) ~ 1.4 s
+    assert 2.5 < e.predicted_speedup < 3.0
+
+
+def test_balanced_or_measure_only_keeps_the_plan():
+    r = Rebalancer(Gathered([(1.0, 0.1), (1.05, 0.05), (0.98, 0.1)]), threshold=0.1)
+    assert r.after_epoch(0, PLAN, 0, 0) is PLAN and not r.history[-1].replanned
+    watch = Rebalancer(Gathered([(1.0, 3.0), (4.0, 0.0), (1.0, 3.0)]), threshold=None)
+    assert watch.after_epoch(0, PLAN, 0, 0) is PLAN
+    assert watch.history[-1].imbalance == pytest.approx(1.0)
+
+
+def test_caps_bound_the_new_plan():
+    r = Rebalancer(Gathered([(1.0, 0), (4.0, 0), (1.0, 0)]), threshold=0.1, max_batch=40)
+    new = r.after_epoch(0, PLAN, 0, 0)
+    assert max(new.batches) <= 40 and sum(new.batches) == 96 and new.batches[1] == 16
+
+
+def test_imbalance_and_bad_threshold():
+    assert imbalance([2.0, 2.0, 2.0]) == 0.0
+    assert imbalance([1.0, 3.0]) == pytest.approx(0.5)
+    with pytest.raises(HetgradError, match="--rebalance-threshold"):
+        Rebalancer(None, threshold=-0.5)
+
+
+@pytest.fixture(scope="module")
+def slowdown_runs(tmp_path_factory):
+    """Rank 1 becomes 4x slower from epoch index 2; 4 epochs, static vs --rebalance."""
+    d = tmp_path_factory.mktemp("rebalance")
+    common = ["train", "--speeds", "1,1,1", "--emulate-speeds", "1,1,1;2:1,0.25,1",
+              "--emulate-unit", "2e-3", "--epochs", "4", "--quiet"]
+    runs = {}
+    for name, extra in (("static", []),
+                        ("rebalance", ["--rebalance", "--checkpoint-dir", str(d / "ckpt")])):
+        p = hetgrad_mpi(3, [*common, *extra, "--out", str(d / f"{name}.json")], timeout=300)
+        assert p.returncode == 0, p.stderr[-3000:]
+        runs[name] = read_json(d / f"{name}.json")
+    runs["state"] = json.loads((d / "ckpt" / "state.json").read_text())
+    return runs
+
+
+def test_rebalance_moves_work_off_the_slowed_rank(slowdown_runs):
+    rec = slowdown_runs["rebalance"]
+    bal = rec["balance"]
+    assert [e["epoch"] for e in bal] == [1, 2, 3, 4]
+    assert not bal[0]["replanned"] and not bal[1]["replanned"]  # equal speeds: no churn
+    assert bal[2]["replanned"] and bal[2]["imbalance"] > 0.5
+    new = bal[2]["new_batches"]
+    assert new[1] < 0.5 * 32 and sum(new) == 96
+    assert rec["epochs"][3]["batches"] == new == rec["final_plan"]["batches"]
+    assert rec["final_plan"]["steps_per_epoch"] == rec["plan"]["steps_per_epoch"]
+    assert bal[3]["imbalance"] < bal[2]["imbalance"] / 2
+    assert rec["final_test_accuracy"] > 0.85
+    # a resume continues with the plan in effect, not the first one
+    assert slowdown_runs["state"]["plan"]["batches"] == new
+
+
+def test_static_plan_measures_but_keeps_its_batches(slowdown_runs):
+    rec = slowdown_runs["static"]
+    assert not any(e["replanned"] for e in rec["balance"])
+    assert rec["balance"][3]["imbalance"] > 0.5  # still slowed, still equal batches
+    assert rec["final_plan"]["batches"] == rec["plan"]["batches"] == [32, 32, 32]
+    # busy + wait accounts for the epoch on every rank (the timer misses nothing large)
+    for e, row in zip(rec["balance"], rec["epochs"]):
+        for busy, wait in zip(e["busy_s"], e["wait_s"]):
+            assert 0.7 * row["time_s"] < busy + wait < 1.05 * row["time_s"], (e, row)
