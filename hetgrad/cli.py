@@ -157,7 +157,7 @@ def plan(speeds, probe_file, global_batch, dataset_size, data, min_batch, max_ba
               help="tensors with fewer entries stay dense")
 @click.option("--rebalance", is_flag=True,
               help="re-plan between epochs from each rank's measured busy time")
-@click.option("--rebalance-threshold", default=0.1, show_default=True, type=float,
+@click.option("--rebalance-threshold", default=0.05, show_default=True, type=float,
               help="re-plan when max(busy)/mean(busy) - 1 exceeds this")
 @click.option("--on-nonfinite", default="abort", show_default=True,
               type=click.Choice(["abort", "ignore"]),

@@ -92,6 +92,7 @@ class EpochBalance:
     measured_samples_per_s: list[float]
     imbalance: float               # max(busy) / mean(busy) - 1
     batches: list[int]             # the plan used in that epoch
+    warmup: bool = False           # first epoch of a process: measured, never acted on
     replanned: bool = False
     new_batches: list[int] | None = None
     predicted_speedup: float = 1.0  # epoch time with the old plan / with the new one
@@ -109,9 +110,11 @@ class Rebalancer:
     ``comm`` needs only ``allgather`` (mpi4py's communicator). The new plan keeps the global
     batch, the dataset size and the per-rank bounds, and is taken only if it changes a batch.
     With ``threshold=None`` it only measures (every epoch still gets an :class:`EpochBalance`).
+    The first epoch it sees is only recorded: it holds the step's tracing and warm-up, which
+    are not the ranks' speeds (a re-plan on it was seen to make the next epoch worse).
     """
 
-    def __init__(self, comm, *, threshold: float | None = 0.1, min_batch: int = 1,
+    def __init__(self, comm, *, threshold: float | None = 0.05, min_batch: int = 1,
                  max_batch: Sequence[int] | int | None = None):
         if threshold is not None and not threshold >= 0:
             raise HetgradError(f"must be >= 0, got {threshold}", flag="--rebalance-threshold")
@@ -129,8 +132,9 @@ class Rebalancer:
         entry = EpochBalance(epoch=epoch + 1, busy_s=busy, wait_s=[w for _, w in rows],
                              measured_samples_per_s=speeds, imbalance=imbalance(busy),
                              batches=list(plan.batches))
+        entry.warmup = not self.history
         new = plan
-        if self.threshold is not None and entry.imbalance > self.threshold:
+        if self.threshold is not None and not entry.warmup and entry.imbalance > self.threshold:
             candidate = make_plan(speeds, plan.global_batch, plan.dataset_size,
                                   min_batch=self.min_batch, max_batch=self.max_batch)
             if candidate.batches != plan.batches:

@@ -44,7 +44,7 @@ class TrainConfig:
     exchange: str = "union"             # allgather | union
     dense_below: int = 1024             # tensors smaller than this stay dense
     rebalance: bool = False             # re-plan between epochs from measured busy times
-    rebalance_threshold: float = 0.1    # ... when max(busy) / mean(busy) - 1 exceeds this
+    rebalance_threshold: float = 0.05   # ... when max(busy) / mean(busy) - 1 exceeds this
     on_nonfinite: str = "abort"         # NaN/Inf in a local gradient: abort | ignore
     checkpoint_dir: str | None = None   # rank 0 saves model+optimizer+epoch+plan here
     checkpoint_every: int = 1           # epochs between checkpoints

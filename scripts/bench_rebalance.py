@@ -6,7 +6,9 @@ rank becomes slower part-way through, once with the plan fixed and once with ``-
 alternating the order over repeats so machine noise hits both alike. Per epoch it compares the
 achieved throughput (samples / epoch time) with the *ideal* of that epoch, the sum over ranks
 of the speed each rank showed while busy (``samples_i / busy_i``, measured by the train step):
-what the job would reach if no rank ever waited. Writes JSON and a plot.
+what the job would reach if no rank ever waited or communicated. A third arm, ``oracle``, runs
+at the post-change speeds from the start (probe -> plan for them, no rebalance): the best a
+plan made with foresight does. Writes JSON and a plot.
 
     .venv/bin/python scripts/bench_rebalance.py --out results/bench_rebalance.json
 """
@@ -27,6 +29,9 @@ SCENARIOS = {  # name: (schedule, epoch index from which the change applies)
     "equal-then-rank1-4x-slower": ("1,1,1;3:1,0.25,1", 3),
     "hetero-then-fastest-4x-slower": ("1,2,4;3:1,2,1", 3),
 }
+
+
+MODES = ("static", "rebalance", "oracle")
 
 
 def run(np_: int, schedule: str, epochs: int, unit: float, seed: int, rebalance: bool,
@@ -64,7 +69,7 @@ def plot(result: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, len(names), figsize=(6 * len(names), 4), squeeze=False)
     for ax, name in zip(axes[0], names):
         sc = result["scenarios"][name]
-        for mode, style in (("static", "o-"), ("rebalance", "s-")):
+        for mode, style in (("static", "o-"), ("rebalance", "s-"), ("oracle", "^:")):
             curves = [[r["fraction_of_ideal"] for r in rows] for rows in sc["runs"][mode]]
             mean = [statistics.mean(c) for c in zip(*curves)]
             ax.plot(range(1, len(mean) + 1), mean, style, label=mode)
@@ -94,12 +99,13 @@ def main() -> None:
               "repeats": args.repeats, "scenarios": {}}
     with tempfile.TemporaryDirectory() as tmp:
         for name, (schedule, change) in SCENARIOS.items():
-            runs: dict[str, list] = {"static": [], "rebalance": []}
+            runs: dict[str, list] = {m: [] for m in MODES}
+            after_change = schedule.split(";")[1].split(":")[1]
             for rep in range(args.repeats):
-                order = ("static", "rebalance") if rep % 2 == 0 else ("rebalance", "static")
-                for mode in order:
-                    rec = run(args.np_, schedule, args.epochs, args.unit, rep,
-                              mode == "rebalance", Path(tmp) / f"{name}-{mode}-{rep}.json")
+                for mode in MODES if rep % 2 == 0 else MODES[::-1]:
+                    rec = run(args.np_, after_change if mode == "oracle" else schedule,
+                              args.epochs, args.unit, rep, mode == "rebalance",
+                              Path(tmp) / f"{name}-{mode}-{rep}.json")
                     runs[mode].append(per_epoch(rec))
                     print(f"{name} {mode} seed {rep}: "
                           + " ".join(f"{r['fraction_of_ideal']:.2f}" for r in runs[mode][-1]),
@@ -115,12 +121,14 @@ def main() -> None:
                                  "samples_per_s_mean": statistics.mean(thr),
                                  "final_test_accuracy_mean": statistics.mean(
                                      rows[-1]["test_accuracy"] for rows in recs)}
-            summary["rebalance_over_static_throughput"] = (
-                summary["rebalance"]["samples_per_s_mean"] / summary["static"]["samples_per_s_mean"])
-            summary["rebalance_within_10pct_of_ideal"] = (
-                summary["rebalance"]["fraction_of_ideal_mean"] >= 0.9)
-            summary["static_within_10pct_of_ideal"] = (
-                summary["static"]["fraction_of_ideal_mean"] >= 0.9)
+            thr = {m: summary[m]["samples_per_s_mean"] for m in MODES}
+            summary["rebalance_over_static_throughput"] = thr["rebalance"] / thr["static"]
+            summary["rebalance_over_oracle_throughput"] = thr["rebalance"] / thr["oracle"]
+            summary["static_over_oracle_throughput"] = thr["static"] / thr["oracle"]
+            for m in ("static", "rebalance"):
+                summary[f"{m}_within_10pct_of_ideal"] = (
+                    summary[m]["fraction_of_ideal_mean"] >= 0.9)
+                summary[f"{m}_within_10pct_of_oracle"] = thr[m] / thr["oracle"] >= 0.9
             result["scenarios"][name] = {"schedule": schedule, "change_epoch": change,
                                          "judged_epochs": [e + 1 for e in after],
                                          "summary": summary, "runs": runs}

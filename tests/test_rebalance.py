@@ -25,6 +25,8 @@ PLAN = make_plan([1, 1, 1], 96, 1437)  # [32, 32, 32], 479 samples each, 15 step
 
 def test_slow_rank_gets_a_batch_proportional_to_its_measured_speed():
     r = Rebalancer(Gathered([(1.0, 3.0), (4.0, 0.0), (1.0, 3.0)]), threshold=0.1)
+    assert r.after_epoch(1, PLAN, 0.0, 0.0) is PLAN  # the first epoch seen: warm-up only
+    assert r.history[0].warmup and not r.history[0].replanned
     new = r.after_epoch(2, PLAN, 0.0, 0.0)
     e = r.history[-1]
     assert e.epoch == 3 and e.replanned and abs(e.imbalance - 1.0) < 1e-12  # max 4 / mean 2
@@ -38,15 +40,18 @@ def test_slow_rank_gets_a_batch_proportional_to_its_measured_speed():
 
 def test_balanced_or_measure_only_keeps_the_plan():
     r = Rebalancer(Gathered([(1.0, 0.1), (1.05, 0.05), (0.98, 0.1)]), threshold=0.1)
-    assert r.after_epoch(0, PLAN, 0, 0) is PLAN and not r.history[-1].replanned
+    r.after_epoch(0, PLAN, 0, 0)
+    assert r.after_epoch(1, PLAN, 0, 0) is PLAN and not r.history[-1].replanned
     watch = Rebalancer(Gathered([(1.0, 3.0), (4.0, 0.0), (1.0, 3.0)]), threshold=None)
-    assert watch.after_epoch(0, PLAN, 0, 0) is PLAN
+    watch.after_epoch(0, PLAN, 0, 0)
+    assert watch.after_epoch(1, PLAN, 0, 0) is PLAN
     assert watch.history[-1].imbalance == pytest.approx(1.0)
 
 
 def test_caps_bound_the_new_plan():
     r = Rebalancer(Gathered([(1.0, 0), (4.0, 0), (1.0, 0)]), threshold=0.1, max_batch=40)
-    new = r.after_epoch(0, PLAN, 0, 0)
+    r.after_epoch(0, PLAN, 0, 0)
+    new = r.after_epoch(1, PLAN, 0, 0)
     assert max(new.batches) <= 40 and sum(new.batches) == 96 and new.batches[1] == 16
 
 
@@ -65,7 +70,9 @@ def slowdown_runs(tmp_path_factory):
               "--emulate-unit", "2e-3", "--epochs", "4", "--quiet"]
     runs = {}
     for name, extra in (("static", []),
-                        ("rebalance", ["--rebalance", "--checkpoint-dir", str(d / "ckpt")])):
+                        # a high threshold: equal speeds must not churn even on a busy machine
+                        ("rebalance", ["--rebalance", "--rebalance-threshold", "0.25",
+                                       "--checkpoint-dir", str(d / "ckpt")])):
         p = hetgrad_mpi(3, [*common, *extra, "--out", str(d / f"{name}.json")], timeout=300)
         assert p.returncode == 0, p.stderr[-3000:]
         runs[name] = read_json(d / f"{name}.json")
@@ -77,7 +84,7 @@ def test_rebalance_moves_work_off_the_slowed_rank(slowdown_runs):
     rec = slowdown_runs["rebalance"]
     bal = rec["balance"]
     assert [e["epoch"] for e in bal] == [1, 2, 3, 4]
-    assert not bal[0]["replanned"] and not bal[1]["replanned"]  # equal speeds: no churn
+    assert bal[0]["warmup"] and not bal[0]["replanned"] and not bal[1]["replanned"]
     assert bal[2]["replanned"] and bal[2]["imbalance"] > 0.5
     new = bal[2]["new_batches"]
     assert new[1] < 0.5 * 32 and sum(new) == 96
@@ -94,7 +101,8 @@ def test_static_plan_measures_but_keeps_its_batches(slowdown_runs):
     assert not any(e["replanned"] for e in rec["balance"])
     assert rec["balance"][3]["imbalance"] > 0.5  # still slowed, still equal batches
     assert rec["final_plan"]["batches"] == rec["plan"]["batches"] == [32, 32, 32]
-    # busy + wait accounts for the epoch on every rank (the timer misses nothing large)
-    for e, row in zip(rec["balance"], rec["epochs"]):
+    # busy + wait accounts for the epoch on every rank (the timer misses nothing large);
+    # epoch 1 is skipped: ranks start it at different moments (tracing, first broadcast)
+    for e, row in list(zip(rec["balance"], rec["epochs"]))[1:]:
         for busy, wait in zip(e["busy_s"], e["wait_s"]):
-            assert 0.7 * row["time_s"] < busy + wait < 1.05 * row["time_s"], (e, row)
+            assert 0.7 * row["time_s"] < busy + wait < 1.1 * row["time_s"], (e, row)
