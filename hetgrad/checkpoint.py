@@ -96,6 +96,7 @@ class Checkpointer:
         except OSError as exc:
             raise HetgradError(f"cannot read {path}: {exc}", flag="--resume") from None
 
+
 def tf_errors() -> tuple:
     import tensorflow as tf
     return (tf.errors.NotFoundError, tf.errors.InvalidArgumentError)

@@ -169,9 +169,9 @@ def plan(speeds, probe_file, global_batch, dataset_size, data, min_batch, max_ba
 @click.option("--quiet", is_flag=True, help="no progress lines")
 def train(data, model, emulate_speeds, emulate_unit, threads, device, probe_batch, probe_steps,
           probe_timeout, mode, weighting, global_batch, epochs, lr, optimizer, seed, speeds,
-          plan_file, probe_file, min_batch, max_batch, sparsify, density, exchange, dense_below, rebalance,
-          rebalance_threshold, on_nonfinite, checkpoint_dir, checkpoint_every, resume, out,
-          quiet):
+          plan_file, probe_file, min_batch, max_batch, sparsify, density, exchange,
+          dense_below, rebalance, rebalance_threshold, on_nonfinite, checkpoint_dir,
+          checkpoint_every, resume, out, quiet):
     """Probe, plan and train (run under mpirun / srun; rank 0 prints and writes --out)."""
     def body():
         from .train import TrainConfig, train as run_train

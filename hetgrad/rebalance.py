@@ -84,7 +84,7 @@ class WallTimer:
 
 @dataclass
 class EpochBalance:
-    """What one epoch measured and decided (one entry of the record's ``rebalance`` list)."""
+    """What one epoch measured and decided (one entry of the record's ``balance`` list)."""
 
     epoch: int                     # 1-based, the epoch just measured
     busy_s: list[float]

@@ -221,7 +221,7 @@ class SparseLoop:
             out[i] = tf.constant(flat[pos:pos + n].reshape(shape))
             pos += n
 
-    def run_epoch(self, epoch: int, plan: Plan, batches, emulator, callbacks) -> None:
+    def run_epoch(self, epoch: int, batches, emulator, callbacks) -> None:
         from mpi4py import MPI
         sparse_ids, dense_ids = self.groups
         for cb in callbacks:
@@ -360,7 +360,7 @@ def train(cfg: TrainConfig) -> dict:
                                    epochs_log)
             try:
                 if sparse:
-                    sparse.run_epoch(epoch, plan, batches, emulator, callbacks)
+                    sparse.run_epoch(epoch, batches, emulator, callbacks)
                 else:
                     model.fit(batches, epochs=epoch + 1, initial_epoch=epoch,
                               steps_per_epoch=plan.steps_per_epoch, verbose=0,
@@ -370,8 +370,9 @@ def train(cfg: TrainConfig) -> dict:
                     raise _nonfinite(epoch) from None
                 raise
             if timer is not None:
-                new = balance.after_epoch(epoch, plan, *timer.read())
-                epochs_log[-1].update(busy_s=timer.read()[0], wait_s=timer.read()[1])
+                busy, wait = timer.read()
+                new = balance.after_epoch(epoch, plan, busy, wait)
+                epochs_log[-1].update(busy_s=busy, wait_s=wait)
                 if new is not plan:
                     if rank == 0 and cfg.verbose:
                         e = balance.history[-1]
