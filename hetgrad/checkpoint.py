@@ -13,22 +13,19 @@ at epoch k replays exactly the batches an uninterrupted run would have seen.
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from pathlib import Path
 
 import numpy as np
 
-from .errors import HetgradError
+from .errors import InputFileError
+from .io import read_json, write_json, write_npz
 
 
 def read_state(directory: str | os.PathLike) -> dict:
-    path = Path(directory) / "state.json"
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise HetgradError(f"cannot read {path}: {exc}", flag="--resume") from None
+    """The ``state.json`` of a checkpoint directory (errors name it and ``resume``)."""
+    return read_json(Path(directory) / "state.json", field="resume", what="checkpoint state")
 
 
 class Checkpointer:
@@ -56,14 +53,13 @@ class Checkpointer:
         ``per_rank[r]`` (arrays gathered to rank 0) goes to ``ckpt-<epoch>/rank-<r>.npz``."""
         if self.dir is None or self.rank != 0:
             return
-        from .train import write_json
         self.dir.mkdir(parents=True, exist_ok=True)
         final = self.dir / f"ckpt-{epoch}"
         tmp = self.dir / f".ckpt-{epoch}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         self.ckpt.write(str(tmp / "ckpt"))
         for r, arrays in enumerate(per_rank or []):
-            np.savez(tmp / f"rank-{r}.npz", **arrays)
+            write_npz(tmp / f"rank-{r}.npz", **arrays)
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         write_json({**self.state, **state, "epoch": epoch, "checkpoint": final.name},
@@ -75,8 +71,7 @@ class Checkpointer:
     def save_final_weights(self) -> None:
         if self.dir is None or self.rank != 0:
             return
-        weights = self.model.get_weights()
-        np.savez(self.dir / "final_weights.npz", *weights)
+        write_npz(self.dir / "final_weights.npz", *self.model.get_weights())
 
     def restore(self, state: dict) -> None:
         """Load model and optimizer (slots included) of ``state`` on this rank."""
@@ -85,7 +80,7 @@ class Checkpointer:
         try:
             self.ckpt.read(str(path)).assert_existing_objects_matched()
         except (tf_errors() + (AssertionError, ValueError)) as exc:
-            raise HetgradError(f"cannot restore {path}: {exc}", flag="--resume") from None
+            raise InputFileError(f"cannot restore {path}: {exc}", field="resume") from None
 
     def rank_state(self, state: dict) -> dict:
         """This rank's arrays saved with ``per_rank`` (e.g. sparse residuals)."""
@@ -94,7 +89,7 @@ class Checkpointer:
             with np.load(path) as f:
                 return {k: f[k] for k in f.files}
         except OSError as exc:
-            raise HetgradError(f"cannot read {path}: {exc}", flag="--resume") from None
+            raise InputFileError(f"cannot read {path}: {exc}", field="resume") from None
 
 
 def tf_errors() -> tuple:

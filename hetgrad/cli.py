@@ -1,4 +1,9 @@
-"""The ``hetgrad`` command line: probe | plan | train | demo | report."""
+"""The ``hetgrad`` command line: probe | plan | train | demo | report.
+
+The options of ``train``, ``probe`` and ``plan`` are generated from :class:`TrainConfig`'s
+fields (help, choices, defaults), so the two cannot drift; errors the library raises about a
+setting are shown with that command's flag for it.
+"""
 from __future__ import annotations
 
 import json
@@ -6,36 +11,58 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import click
 
-from .errors import HetgradError
+from .config import SETTINGS, TrainConfig, check_value, parse_settings
+from .errors import ConfigError, HetgradError
+
+PROBE_OPTIONS = ("data", "model", "emulate_speeds", "emulate_unit", "threads", "device",
+                 "probe_batch", "probe_steps", "probe_timeout", "out")
+PROBE_OVERRIDES = {"out": dict(default="probe.json", help="where rank 0 writes the results")}
+PLAN_OPTIONS = ("speeds", "probe_file", "global_batch", "data", "min_batch", "max_batch", "out")
+PLAN_OVERRIDES = {"probe_file": dict(flag="--probe", help="probe.json from `hetgrad probe`"),
+                  "global_batch": dict(default=None, required=True),
+                  "data": dict(default=None, help="dataset whose training size to use"),
+                  "out": dict(default=None, help="save the plan as JSON")}
 
 
-def _floats(flag: str, value: str | None) -> list[float] | None:
-    if value is None:
-        return None
-    try:
-        return [float(v) for v in value.split(",")]
-    except ValueError:
-        raise HetgradError(f"expected comma-separated numbers, got {value!r}", flag=flag) from None
+def flag_of(name: str, overrides: dict | None = None) -> str:
+    """The flag of setting ``name`` on a command with these ``overrides``."""
+    return ((overrides or {}).get(name, {}).get("flag") or SETTINGS[name].metadata["flag"]
+            or "--" + name.replace("_", "-"))
 
 
-def _ints(flag: str, value: str | None) -> list[int] | None:
-    if value is None:
-        return None
-    try:
-        return [int(v) for v in value.split(",")]
-    except ValueError:
-        raise HetgradError(f"expected comma-separated integers, got {value!r}", flag=flag) from None
+def _option(name: str, overrides: dict):
+    f, extra = SETTINGS[name], dict(overrides.get(name, {}))
+    extra.pop("flag", None)
+    meta = f.metadata
+    help_text = extra.pop("help", meta["help"])
+    if meta["choices"]:
+        help_text += f" ({' | '.join(meta['choices'])})"
+    default = extra.pop("default", f.default)
+    decls = [flag_of(name, overrides), *([meta["short"]] if meta["short"] else []), name]
+    if isinstance(f.default, bool):
+        return click.option(*decls, is_flag=True, default=default, help=help_text)
+    kind = str if f.default is None or meta["parse"] else type(f.default)
+    return click.option(*decls, type=kind, default=default, show_default=default is not None,
+                        help=help_text, **extra)
 
 
-def _run(fn, *args, **kwargs):
+def config_options(names, overrides: dict | None = None):
+    """Decorator adding one click option per :class:`TrainConfig` field in ``names``."""
+    def decorate(fn):
+        for name in reversed(names):
+            fn = _option(name, overrides or {})(fn)
+        return fn
+    return decorate
+
+
+def _run(fn, flags: dict[str, str], *args):
     """Run a command body under fail_fast (clear one-line error, all ranks end)."""
     from .runtime import fail_fast
-    with fail_fast():
-        return fn(*args, **kwargs)
+    with fail_fast(flags):
+        return fn(*args)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -43,155 +70,66 @@ def main() -> None:
     """Heterogeneous data-parallel training on Horovod. Launch `train`/`probe` with mpirun."""
 
 
-common = [
-    click.option("--data", default="digits", show_default=True,
-                 help="digits (embedded), synthetic, or a Keras-format .npz path"),
-    click.option("--model", default="mlp", show_default=True, help="mlp | cnn | resnet | wide-mlp"),
-    click.option("--emulate-speeds", default=None,
-                 help="emulated per-rank speeds, e.g. 1,2,4 or '1,2,4;3:1,0.5,4' (from epoch 3)"),
-    click.option("--emulate-unit", default=1e-3, show_default=True, type=float,
-                 help="emulated seconds per sample at speed 1"),
-    click.option("--threads", default=1, show_default=True, type=int, help="TF threads per rank"),
-    click.option("--device", default="cpu", show_default=True, help="cpu | gpu | auto"),
-    click.option("--probe-batch", default=128, show_default=True, type=int),
-    click.option("--probe-steps", default=8, show_default=True, type=int),
-    click.option("--probe-timeout", default=300.0, show_default=True, type=float,
-                 help="seconds rank 0 waits for every rank's probe before naming the missing"),
-]
-
-
-def with_common(fn):
-    for opt in reversed(common):
-        fn = opt(fn)
-    return fn
-
-
 @main.command()
-@with_common
-@click.option("--out", default="probe.json", show_default=True, help="where rank 0 writes results")
-def probe(data, model, emulate_speeds, emulate_unit, threads, device, probe_batch, probe_steps,
-          probe_timeout, out):
+@config_options(PROBE_OPTIONS, PROBE_OVERRIDES)
+def probe(**values):
     """Measure every rank's training samples/s (run under mpirun)."""
     def body():
-        from . import data as data_mod, models, probe as probe_mod
-        from .emulate import SpeedEmulator, parse_schedule
+        from . import data as data_mod, probe as probe_mod
         from .runtime import configure_tf, init
+        from .trainer import emulation_of, measure_ranks
+        cfg = TrainConfig(**parse_settings(values))
+        cfg.check()
         comm = init()
-        dev = configure_tf(threads, device)
-        ds = data_mod.load(data)
-        rank, size = comm.Get_rank(), comm.Get_size()
-        sched = parse_schedule(emulate_speeds, size) if emulate_speeds else None
-        pause = SpeedEmulator(sched[0][rank], emulate_unit).pause if sched else None
-        res = probe_mod.run_probe(comm, lambda: models.build(model, ds.input_shape,
-                                                             ds.num_classes),
-                                  ds.input_shape, ds.num_classes, device=dev, batch=probe_batch,
-                                  steps=probe_steps, before_step=pause,
-                                  timeout=probe_timeout)
-        if rank == 0:
-            probe_mod.save(res, out)
-            for r in res:
+        device = configure_tf(cfg.threads, cfg.device)
+        results = measure_ranks(cfg, comm, data_mod.load(cfg.data), device,
+                                emulation=emulation_of(cfg, comm))
+        if comm.Get_rank() == 0:
+            probe_mod.save(results, cfg.out)
+            for r in results:
                 click.echo(f"rank {r.rank} {r.host} {r.device}: {r.samples_per_s:.1f} samples/s")
-    _run(body)
+    _run(body, {n: flag_of(n, PROBE_OVERRIDES) for n in PROBE_OPTIONS})
 
 
 @main.command()
-@click.option("--speeds", default=None, help="comma-separated per-rank speeds")
-@click.option("--probe", "probe_file", default=None, help="probe.json from `hetgrad probe`")
-@click.option("--global-batch", "-B", required=True, type=int)
+@config_options(PLAN_OPTIONS, PLAN_OVERRIDES)
 @click.option("--dataset-size", type=int, default=None, help="training samples (or give --data)")
-@click.option("--data", default=None, help="dataset whose training size to use")
-@click.option("--min-batch", default=1, show_default=True, type=int)
-@click.option("--max-batch", default=None, help="per-rank cap: one int or one per rank")
-@click.option("--out", default=None, help="save the plan as JSON")
-def plan(speeds, probe_file, global_batch, dataset_size, data, min_batch, max_batch, out):
+def plan(dataset_size, **values):
     """Partition a global batch and a dataset by speed (no MPI needed)."""
     def body():
         from .partition import make_plan
-        if (speeds is None) == (probe_file is None):
-            raise HetgradError("give exactly one of --speeds and --probe", flag="--speeds")
-        if probe_file:
+        v = parse_settings(values)
+        for name, value in v.items():
+            check_value(name, value)
+        if (v["speeds"] is None) == (v["probe_file"] is None):
+            raise ConfigError("give exactly one of --speeds and --probe", field="speeds")
+        if v["probe_file"]:
             from .probe import load
-            sp = [r.samples_per_s for r in load(probe_file)]
+            speeds = [r.samples_per_s for r in load(v["probe_file"])]
         else:
-            sp = _floats("--speeds", speeds)
+            speeds = v["speeds"]
         n = dataset_size
         if n is None:
-            if data is None:
-                raise HetgradError("give --dataset-size or --data", flag="--dataset-size")
+            if v["data"] is None:
+                raise ConfigError("give --dataset-size or --data", field="dataset_size")
             from .data import load as load_data
-            n = len(load_data(data).y_train)
-        caps = _ints("--max-batch", max_batch)
-        p = make_plan(sp, global_batch, n, min_batch=min_batch,
-                      max_batch=caps[0] if caps and len(caps) == 1 else caps)
-        if out:
-            p.save(out)
-        click.echo(json.dumps({k: v for k, v in p.to_dict().items() if k != "meta"}))
-    _run(body)
+            n = len(load_data(v["data"]).y_train)
+        p = make_plan(speeds, v["global_batch"], n, min_batch=v["min_batch"],
+                      max_batch=v["max_batch"])
+        if v["out"]:
+            p.save(v["out"])
+        click.echo(json.dumps({k: x for k, x in p.to_dict().items() if k != "meta"}))
+    _run(body, {n: flag_of(n, PLAN_OVERRIDES) for n in PLAN_OPTIONS})
 
 
 @main.command()
-@with_common
-@click.option("--mode", default="weighted", show_default=True,
-              type=click.Choice(["weighted", "uneven-avg", "equal"]),
-              help="weighted: hetgrad; uneven-avg: uneven batches, Horovod average; equal: Horovod")
-@click.option("--weighting", default="plan", show_default=True,
-              type=click.Choice(["plan", "samples"]),
-              help="weighted mode: the plan's per-step shares (exact, free) or counted samples")
-@click.option("--global-batch", "-B", default=96, show_default=True, type=int)
-@click.option("--epochs", default=10, show_default=True, type=int)
-@click.option("--lr", default=0.05, show_default=True, type=float)
-@click.option("--optimizer", default="sgd", show_default=True, type=click.Choice(["sgd", "adam"]))
-@click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--speeds", default=None, help="skip the probe's verdict: plan for these speeds")
-@click.option("--plan", "plan_file", default=None, help="use a saved plan (from `hetgrad plan`)")
-@click.option("--probe-file", default=None, help="reuse a saved probe instead of probing")
-@click.option("--min-batch", default=1, show_default=True, type=int)
-@click.option("--max-batch", default=None, help="per-rank batch cap: one int or one per rank")
-@click.option("--sparsify", default=None, type=click.Choice(["topk", "recent", "sticky", "leader"]),
-              help="send only top-k gradient entries, chosen by this policy")
-@click.option("--density", default=0.01, show_default=True, type=float,
-              help="fraction of each tensor's entries sent")
-@click.option("--exchange", default="union", show_default=True,
-              type=click.Choice(["allgather", "union"]))
-@click.option("--dense-below", default=1024, show_default=True, type=int,
-              help="tensors with fewer entries stay dense")
-@click.option("--rebalance", is_flag=True,
-              help="re-plan between epochs from each rank's measured busy time")
-@click.option("--rebalance-threshold", default=0.05, show_default=True, type=float,
-              help="re-plan when max(busy)/mean(busy) - 1 exceeds this")
-@click.option("--on-nonfinite", default="abort", show_default=True,
-              type=click.Choice(["abort", "ignore"]),
-              help="NaN/Inf in a rank's local gradients: end the job naming the rank, or go on")
-@click.option("--checkpoint-dir", default=None, help="rank 0 saves checkpoints here")
-@click.option("--checkpoint-every", default=1, show_default=True, type=int, help="epochs")
-@click.option("--resume", default=None, help="continue from this checkpoint dir")
-@click.option("--out", default="run.json", show_default=True, help="JSON record (rank 0)")
-@click.option("--quiet", is_flag=True, help="no progress lines")
-def train(data, model, emulate_speeds, emulate_unit, threads, device, probe_batch, probe_steps,
-          probe_timeout, mode, weighting, global_batch, epochs, lr, optimizer, seed, speeds,
-          plan_file, probe_file, min_batch, max_batch, sparsify, density, exchange,
-          dense_below, rebalance, rebalance_threshold, on_nonfinite, checkpoint_dir,
-          checkpoint_every, resume, out, quiet):
+@config_options(tuple(SETTINGS))
+def train(**values):
     """Probe, plan and train (run under mpirun / srun; rank 0 prints and writes --out)."""
     def body():
-        from .train import TrainConfig, train as run_train
-        caps = _ints("--max-batch", max_batch)
-        cfg = TrainConfig(data=data, model=model, mode=mode, weighting=weighting,
-                          global_batch=global_batch, epochs=epochs, lr=lr, optimizer=optimizer,
-                          seed=seed, speeds=_floats("--speeds", speeds), plan=plan_file,
-                          emulate_speeds=emulate_speeds, emulate_unit=emulate_unit,
-                          probe_batch=probe_batch, probe_steps=probe_steps,
-                          probe_timeout=probe_timeout, probe_file=probe_file,
-                          min_batch=min_batch,
-                          max_batch=caps[0] if caps and len(caps) == 1 else caps,
-                          sparsify=sparsify, density=density, exchange=exchange,
-                          dense_below=dense_below, rebalance=rebalance,
-                          rebalance_threshold=rebalance_threshold, on_nonfinite=on_nonfinite,
-                          checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
-                          resume=resume, threads=threads, device=device, out=out,
-                          verbose=not quiet)
-        run_train(cfg)
-    _run(body)
+        from .trainer import train as run_train
+        run_train(TrainConfig(**parse_settings(values)))
+    _run(body, {n: flag_of(n) for n in SETTINGS})
 
 
 def mpirun_command(np_: int, args: list[str]) -> list[str]:
@@ -217,7 +155,7 @@ def demo(np_, emulate_speeds, epochs, out):
                                    "--epochs", str(epochs), "--out", out])
         click.echo("hetgrad demo: " + " ".join(cmd), err=True)
         sys.exit(subprocess.call(cmd))
-    _run(body)
+    _run(body, {})
 
 
 @main.command()
@@ -232,7 +170,7 @@ def report(runs, out_dir):
         click.echo(md)
         for p in pngs:
             click.echo(f"plot: {p}")
-    _run(body)
+    _run(body, {"runs": "RUN.json"})
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import HetgradError
+from .errors import InputFileError
 
 NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
 
@@ -49,31 +49,31 @@ def _prepare(name: str, arrays: dict) -> Dataset:
                    images(arrays["x_test"]), np.asarray(arrays["y_test"]).astype(np.int64).ravel())
 
 
-def load_npz(path: str | Path, *, flag: str = "--data") -> Dataset:
+def load_npz(path: str | Path, *, field: str = "data") -> Dataset:
     """Read a Keras-style ``.npz`` (x_train, y_train, x_test, y_test); errors name the file."""
     path = Path(path)
     try:
         with np.load(path, allow_pickle=False) as f:
             missing = [k for k in NPZ_KEYS if k not in f.files]
             if missing:
-                raise HetgradError(f"{path} lacks arrays {missing} (needs {list(NPZ_KEYS)})",
-                                   flag=flag)
+                raise InputFileError(f"{path} lacks arrays {missing} (needs {list(NPZ_KEYS)})",
+                                   field=field)
             arrays = {k: f[k] for k in NPZ_KEYS}
-    except HetgradError:
+    except InputFileError:
         raise
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
-        raise HetgradError(f"cannot read {path} as .npz: {exc}", flag=flag) from None
+        raise InputFileError(f"cannot read {path} as .npz: {exc}", field=field) from None
     for split in ("train", "test"):
         if len(arrays[f"x_{split}"]) != len(arrays[f"y_{split}"]):
-            raise HetgradError(f"{path}: x_{split} and y_{split} have different lengths",
-                               flag=flag)
+            raise InputFileError(f"{path}: x_{split} and y_{split} have different lengths",
+                               field=field)
     if len(arrays["y_train"]) == 0:
-        raise HetgradError(f"{path}: x_train is empty", flag=flag)
+        raise InputFileError(f"{path}: x_train is empty", field=field)
     for key in ("x_train", "x_test"):
         x = arrays[key]
         if np.issubdtype(x.dtype, np.floating) and not np.isfinite(x).all():
-            raise HetgradError(f"{path}: {key} holds {int(np.size(x) - np.isfinite(x).sum())} "
-                               "NaN/Inf values", flag=flag)
+            raise InputFileError(f"{path}: {key} holds {int(np.size(x) - np.isfinite(x).sum())} "
+                               "NaN/Inf values", field=field)
     return _prepare(path.stem, arrays)
 
 
@@ -108,6 +108,6 @@ def load(spec: str) -> Dataset:
     if spec == "synthetic":
         return synthetic()
     if not Path(spec).exists():
-        raise HetgradError(f"no such dataset or file: {spec!r} (use digits, synthetic or a .npz path)",
-                           flag="--data")
+        raise InputFileError(f"no such dataset or file: {spec!r} (use digits, synthetic or a .npz path)",
+                           field="data")
     return load_npz(spec)

@@ -1,6 +1,6 @@
 """Emulated heterogeneity on one machine: a rank of speed ``s`` sleeps ``n * unit / s`` seconds
 in every train step of ``n`` samples, so slow ranks are really slow and the probe measures
-it (it never reads the flag).
+it (it never reads the setting).
 
 A schedule changes speeds at epoch boundaries: ``"1,2,4"`` (fixed) or
 ``"1,2,4;3:1,0.5,4"`` (from epoch 3 on, rank 1 runs at 0.5).
@@ -12,10 +12,10 @@ import time
 
 from typing import Callable
 
-from .errors import HetgradError
+from .errors import ConfigError
 
 
-def parse_schedule(spec: str, world_size: int, flag: str = "--emulate-speeds") -> dict[int, list[float]]:
+def parse_schedule(spec: str, world_size: int, field: str = "emulate_speeds") -> dict[int, list[float]]:
     """``"1,2,4;3:1,0.5,4"`` -> ``{0: [1, 2, 4], 3: [1, 0.5, 4]}``, checked for ``world_size``."""
     out: dict[int, list[float]] = {}
     for i, part in enumerate(p.strip() for p in spec.split(";")):
@@ -24,15 +24,15 @@ def parse_schedule(spec: str, world_size: int, flag: str = "--emulate-speeds") -
             epoch = int(epoch_s) if epoch_s else 0
             speeds = [float(v) for v in speeds_s.split(",")]
         except ValueError:
-            raise HetgradError(f"cannot parse {part!r}; expected e.g. 1,2,4 or 3:1,0.5,4",
-                               flag=flag) from None
+            raise ConfigError(f"cannot parse {part!r}; expected e.g. 1,2,4 or 3:1,0.5,4",
+                               field=field) from None
         if i == 0 and epoch != 0:
-            raise HetgradError("the first entry applies from epoch 0; give it without 'E:'", flag=flag)
+            raise ConfigError("the first entry applies from epoch 0; give it without 'E:'", field=field)
         if len(speeds) != world_size:
-            raise HetgradError(f"{len(speeds)} speeds given for {world_size} ranks", flag=flag)
+            raise ConfigError(f"{len(speeds)} speeds given for {world_size} ranks", field=field)
         for r, s in enumerate(speeds):
             if not math.isfinite(s) or s <= 0:
-                raise HetgradError(f"speed of rank {r} is {s}; must be finite and > 0", flag=flag)
+                raise ConfigError(f"speed of rank {r} is {s}; must be finite and > 0", field=field)
         out[epoch] = speeds
     return out
 

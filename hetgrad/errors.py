@@ -1,10 +1,43 @@
-"""User-facing errors: one exception type whose message names the bad flag, file or rank."""
+"""Typed errors of the library. Each names the setting it is about by its ``TrainConfig``
+field (``field="global_batch"``); only the command line turns that into a flag
+(``--global-batch``), so the library never knows its own CLI."""
 from __future__ import annotations
 
 
 class HetgradError(Exception):
-    """A problem with the user's input or environment; printed as one line, exit code 2."""
+    """A problem with the user's input or environment; the CLI prints it as one line, exit 2.
 
-    def __init__(self, message: str, *, flag: str | None = None):
-        self.flag = flag
-        super().__init__(f"{flag}: {message}" if flag else message)
+    ``field`` is the setting (or file argument) at fault, or None; ``message`` the text alone.
+    """
+
+    def __init__(self, message: str, *, field: str | None = None):
+        self.field = field
+        self.message = message
+        super().__init__(f"{field}: {message}" if field else message)
+
+    def render(self, flags: dict[str, str] | None = None) -> str:
+        """The message with ``field`` shown as its flag (``flags[field]``, else ``--field``)."""
+        if self.field is None:
+            return self.message
+        flag = (flags or {}).get(self.field) or "--" + self.field.replace("_", "-")
+        return f"{flag}: {self.message}"
+
+
+class ConfigError(HetgradError):
+    """A setting out of range, of the wrong kind, or in a combination that does nothing."""
+
+
+class InputFileError(HetgradError):
+    """A file the user named (data, plan, probe, checkpoint) that cannot be used."""
+
+
+class NonFiniteGradientError(HetgradError):
+    """NaN or Inf in this rank's local gradients (raised on the culprit rank only)."""
+
+
+class PeerTimeoutError(HetgradError):
+    """Other ranks did not report in time; ``ranks`` lists them."""
+
+    def __init__(self, message: str, *, ranks: list[int], field: str | None = None):
+        self.ranks = list(ranks)
+        super().__init__(message, field=field)

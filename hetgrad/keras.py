@@ -1,60 +1,40 @@
 """Keras drop-ins, used like ``horovod.tensorflow.keras``::
 
-    opt = hetgrad.keras.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), weight=plan.weights()[rank])
+    opt = hetgrad.keras.DistributedOptimizer(keras.optimizers.SGD(0.1), weight="plan", plan=plan)
     model.compile(optimizer=opt, ...)
     model.fit(ds, callbacks=[hetgrad.keras.BroadcastGlobalVariablesCallback(0),
                              hetgrad.keras.WeightedMetricAverageCallback(samples_per_epoch)])
 
 With ``weight="samples"`` call :func:`count_samples` on the model so every step tells the
-optimizer how many samples it holds (exact for partial final batches).
+optimizer how many samples it holds (exact for partial final batches). The aggregation itself
+(weights, exchange, finite check, timers) is :mod:`hetgrad.aggregate`; this module only hooks it
+into the optimizer classes of the running Keras flavour (:mod:`hetgrad.compat`).
 """
 from __future__ import annotations
 
 import horovod.tensorflow as hvd
-import horovod.tensorflow.keras as hvd_keras
 import tensorflow as tf
 
-from .allreduce import WeightedAllreduce
-from .rebalance import StepTimer
+from . import compat
+from .aggregate import (NONFINITE, Aggregation, DenseReducer, FixedWeight, PlanWeight,
+                        Reducer, SampleWeight)
 
-BroadcastGlobalVariablesCallback = hvd_keras.callbacks.BroadcastGlobalVariablesCallback
-
-
-NONFINITE = "hetgrad: non-finite local gradient"
-
-
-def _assert_finite(grads: list) -> list:
-    """Fail this rank's step (before the exchange) if a local gradient holds NaN or Inf."""
-    values = [g.values if isinstance(g, tf.IndexedSlices) else g for g in grads if g is not None]
-    finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in values])
-    check = tf.debugging.Assert(finite, [NONFINITE])
-    with tf.control_dependencies([check]):
-        return [None if g is None else
-                tf.IndexedSlices(tf.identity(g.values), g.indices, g.dense_shape)
-                if isinstance(g, tf.IndexedSlices) else tf.identity(g) for g in grads]
+__all__ = ["DistributedOptimizer", "set_plan", "count_samples", "aggregation_of",
+           "WeightedMetricAverageCallback", "BroadcastGlobalVariablesCallback", "NONFINITE"]
 
 
-class _Exchange:
-    """Shared by both mixins: optional finiteness check, busy/wait timing, weighted sum."""
-
-    _hetgrad_reduce: WeightedAllreduce
-    hetgrad_timer: StepTimer
-    hetgrad_check_finite: bool
-
-    def _hetgrad_exchange(self, grads: list) -> list:
-        if self.hetgrad_check_finite:
-            grads = _assert_finite(grads)
-        t_ready = self.hetgrad_timer.ready(grads)
-        out = self._hetgrad_reduce.sum(grads)
-        self.hetgrad_timer.done(t_ready, out)
-        return out
+def __getattr__(name: str):
+    if name == "BroadcastGlobalVariablesCallback":  # Horovod's, loaded only when asked for
+        return compat.horovod_keras().callbacks.BroadcastGlobalVariablesCallback
+    raise AttributeError(name)
 
 
-class _WeightedGradients(_Exchange):
-    """Mixin placed before a Keras optimizer class: the backward pass is seeded with this
-    rank's weight ``w_i`` (free), then the weighted gradients are summed over ranks."""
+class _WeightedGradients:
+    """Mixin placed before a Keras 2.11+ optimizer class (``minimize`` calls this): the
+    backward pass is seeded with this rank's weight ``w_i`` (free), then exchanged."""
 
-    # Keras 2.11+ optimizers (tf.keras.optimizers.*) call this from minimize().
+    hetgrad: Aggregation
+
     def compute_gradients(self, loss, var_list, tape=None):
         if not callable(loss) and tape is None:
             raise ValueError("compute_gradients needs a tape when loss is a tensor")
@@ -63,52 +43,41 @@ class _WeightedGradients(_Exchange):
             with tape:
                 tape.watch(var_list)
                 loss = loss()
-        w = tf.cast(self._hetgrad_reduce.local_weight(), loss.dtype)
+        w = tf.cast(self.hetgrad.local_weight(), loss.dtype)
         grads = tape.gradient(loss, var_list, output_gradients=tf.fill(tf.shape(loss), w))
-        return list(zip(self._hetgrad_exchange(grads), var_list))
+        return list(zip(self.hetgrad.exchange(grads), var_list))
 
 
-class _WeightedGradientsLegacy(_Exchange):
-    """The same for ``tf.keras.optimizers.legacy.*`` (OptimizerV2): ``grad_loss`` seeds it."""
+class _WeightedGradientsLegacy:
+    """The same for Keras 2's ``optimizers.legacy.*`` (OptimizerV2): ``grad_loss`` seeds it."""
+
+    hetgrad: Aggregation
 
     def _compute_gradients(self, loss, var_list, grad_loss=None, tape=None):
         if grad_loss is not None:
             raise ValueError("hetgrad's DistributedOptimizer sets grad_loss itself")
-        w = self._hetgrad_reduce.local_weight()
+        w = self.hetgrad.local_weight()
         gv = super()._compute_gradients(loss, var_list, grad_loss=w, tape=tape)
-        grads = self._hetgrad_exchange([g for g, _ in gv])
+        grads = self.hetgrad.exchange([g for g, _ in gv])
         return list(zip(grads, [v for _, v in gv]))
 
 
-class PlanWeight:
-    """Per-step ``w_i`` from a partition plan: ``b_i / B`` in full steps and
-    ``last_i / sum_j last_j`` in an epoch's partial final step. Exact, and needs no
-    communication (every rank knows the plan); the step is read from ``iterations``.
-    The shares live in variables, so :meth:`update` switches plans without retracing."""
-
-    def __init__(self, plan, rank: int, iterations: tf.Variable):
-        self.rank = rank
-        self.iterations = iterations
-        self.full = tf.Variable(0.0, trainable=False, name="hetgrad_full_share")
-        self.last = tf.Variable(0.0, trainable=False, name="hetgrad_last_share")
-        self.steps = tf.Variable(1, dtype=iterations.dtype, trainable=False,
-                                 name="hetgrad_steps")
-        self.update(plan)
-
-    def update(self, plan) -> None:
-        lasts = plan.last_batches()
-        self.full.assign(plan.batches[self.rank] / plan.global_batch)
-        self.last.assign(lasts[self.rank] / sum(lasts))
-        self.steps.assign(plan.steps_per_epoch)
-
-    def __call__(self) -> tf.Tensor:
-        final = tf.equal(tf.math.floormod(self.iterations, self.steps), self.steps - 1)
-        return tf.where(final, self.last, self.full)
+def _weight_of(weight, plan, rank: int | None, iterations, name: str):
+    if weight == "samples":
+        return SampleWeight(name)
+    if weight == "plan":
+        if plan is None:
+            raise ValueError("weight='plan' needs plan=")
+        return PlanWeight(plan, hvd.rank() if rank is None else rank, iterations)
+    if isinstance(weight, (int, float)):
+        return FixedWeight(weight)
+    raise ValueError(f"weight must be a float share, 'plan' or 'samples', got {weight!r}")
 
 
 def DistributedOptimizer(optimizer, weight="samples", *, plan=None, rank: int | None = None,
-                         compression=hvd.Compression.none, sparse_as_dense: bool = False,
-                         check_finite: bool = True, name: str | None = None):
+                         reducer: Reducer | None = None, compression=hvd.Compression.none,
+                         sparse_as_dense: bool = False, check_finite: bool = True,
+                         name: str | None = None):
     """Wrap a Keras optimizer so gradients are combined as ``sum_i (b_i/B) g_i``.
 
     ``weight``: this rank's share ``b_i / B`` (float, e.g. ``plan.weights()[hvd.rank()]``);
@@ -117,36 +86,33 @@ def DistributedOptimizer(optimizer, weight="samples", *, plan=None, rank: int | 
     batch, counted by ``iterations`` from the start of an epoch; :func:`set_plan` switches
     plans); or ``"samples"`` to weight by the samples in each step, for data of unknown batch
     sizes (needs :func:`count_samples`, costs one scalar allreduce per step).
+    ``reducer``: the exchange (default :class:`~hetgrad.aggregate.DenseReducer` with
+    ``compression`` and ``sparse_as_dense``; e.g. :class:`~hetgrad.sparse_exchange.SparseReducer`).
     ``check_finite``: a NaN/Inf in this rank's local gradients fails its step with
-    :data:`NONFINITE` in the error (so the culprit rank is the one that reports it).
-    Returns a new optimizer of a subclass of ``type(optimizer)`` built from its config, like
-    Horovod's. ``optimizer.hetgrad_local_count`` is the per-step sample counter and
-    ``optimizer.hetgrad_timer`` the :class:`~hetgrad.rebalance.StepTimer` of this rank.
+    :data:`NONFINITE` in the error. Returns a new optimizer of a subclass of
+    ``type(optimizer)`` built from its config, like Horovod's; :func:`aggregation_of` gives
+    its :class:`~hetgrad.aggregate.Aggregation` (weight, reducer, timer).
     """
+    compat.require_keras2("hetgrad.keras.DistributedOptimizer")
     base = type(optimizer)
-    legacy = isinstance(optimizer, tf.keras.optimizers.legacy.Optimizer)
-    mixin = _WeightedGradientsLegacy if legacy else _WeightedGradients
+    mixin = _WeightedGradientsLegacy if compat.is_legacy_optimizer(optimizer) else _WeightedGradients
     cls = type(f"HetgradDistributed{base.__name__}", (mixin, base), {})
     opt = cls.from_config(optimizer.get_config())
-    counter = None
-    opts = dict(compression=compression, sparse_as_dense=sparse_as_dense, name=name or "hetgrad")
-    if weight == "samples":
-        counter = tf.Variable(0, dtype=tf.int32, trainable=False, name="hetgrad_local_count")
-        reduce = WeightedAllreduce(local_count=counter, **opts)
-    elif weight == "plan":
-        if plan is None:
-            raise ValueError("weight='plan' needs plan=")
-        reduce = WeightedAllreduce(PlanWeight(plan, hvd.rank() if rank is None else rank,
-                                              opt.iterations), **opts)
-    elif isinstance(weight, (int, float)):
-        reduce = WeightedAllreduce(float(weight), **opts)
-    else:
-        raise ValueError(f"weight must be a float share, 'plan' or 'samples', got {weight!r}")
-    opt._hetgrad_reduce = reduce
-    opt.hetgrad_local_count = counter
-    opt.hetgrad_timer = StepTimer()
-    opt.hetgrad_check_finite = bool(check_finite)
+    name = name or "hetgrad"
+    if reducer is None:
+        reducer = DenseReducer(compression=compression, sparse_as_dense=sparse_as_dense,
+                               name=name)
+    opt.hetgrad = Aggregation(_weight_of(weight, plan, rank, opt.iterations, name), reducer,
+                              check_finite=check_finite)
     return opt
+
+
+def aggregation_of(optimizer) -> Aggregation:
+    """The :class:`~hetgrad.aggregate.Aggregation` of a hetgrad optimizer."""
+    agg = getattr(optimizer, "hetgrad", None)
+    if not isinstance(agg, Aggregation):
+        raise ValueError("not a hetgrad DistributedOptimizer")
+    return agg
 
 
 def set_plan(optimizer, plan) -> None:
@@ -154,32 +120,30 @@ def set_plan(optimizer, plan) -> None:
 
     A no-op for ``weight="samples"`` (it counts whatever arrives); a fixed float share cannot
     follow a new plan and raises."""
-    reduce = getattr(optimizer, "_hetgrad_reduce", None)
-    if reduce is None:
-        raise ValueError("not a hetgrad DistributedOptimizer")
-    if isinstance(reduce.weight, PlanWeight):
-        reduce.weight.update(plan)
-    elif reduce.weight is not None:
+    weight = aggregation_of(optimizer).weight
+    if isinstance(weight, PlanWeight):
+        weight.update(plan)
+    elif isinstance(weight, FixedWeight):
         raise ValueError("a fixed float weight cannot follow a new plan; use weight='plan'")
 
 
-def count_samples(model: tf.keras.Model) -> None:
+def count_samples(model) -> None:
     """Make each train step store its batch size in the optimizer's sample counter."""
-    counter = getattr(model.optimizer, "hetgrad_local_count", None)
-    if counter is None:
+    weight = aggregation_of(model.optimizer).weight
+    if not isinstance(weight, SampleWeight):
         raise ValueError("model.optimizer is not a hetgrad DistributedOptimizer(weight='samples')")
     inner = model.train_step
 
     def train_step(data):
         x = data[0] if isinstance(data, (tuple, list)) else data
-        counter.assign(tf.shape(tf.nest.flatten(x)[0])[0])
+        weight.count.assign(tf.shape(tf.nest.flatten(x)[0])[0])
         return inner(data)
 
     model.train_step = train_step
     model.train_function = None  # rebuild with the new step
 
 
-class WeightedMetricAverageCallback(tf.keras.callbacks.Callback):
+class WeightedMetricAverageCallback(compat.keras.callbacks.Callback):
     """Epoch metrics averaged over ranks weighted by samples (Horovod's averages equally).
 
     ``samples`` is this rank's samples per epoch (its shard size). Keras' epoch metrics are

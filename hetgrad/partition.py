@@ -4,13 +4,13 @@ The plan is a pure function of its inputs, so every rank computes (or loads) the
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from .errors import HetgradError
+from .errors import ConfigError, HetgradError, InputFileError
+from .io import read_json, write_json
 
 
 @dataclass(frozen=True)
@@ -43,21 +43,24 @@ class Plan:
         return asdict(self)
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2))
+        write_json(self.to_dict(), path)
 
     @classmethod
-    def load(cls, path: str | Path, *, world_size: int | None = None, flag: str = "--plan") -> "Plan":
+    def load(cls, path: str | Path, *, world_size: int | None = None, field: str = "plan") -> "Plan":
         """Read a plan saved by :meth:`save`; check it fits ``world_size`` ranks."""
+        data = read_json(path, field=field, what="plan file")
         try:
-            data = json.loads(Path(path).read_text())
             plan = cls(**data)
-        except (OSError, ValueError, TypeError) as exc:
-            raise HetgradError(f"cannot read plan file {path}: {exc}", flag=flag) from None
+        except TypeError as exc:
+            raise InputFileError(f"cannot read plan file {path}: {exc}", field=field) from None
         if world_size is not None and plan.world_size != world_size:
-            raise HetgradError(
+            raise InputFileError(
                 f"plan file {path} is for {plan.world_size} ranks but this job has {world_size}",
-                flag=flag)
-        plan.validate()
+                field=field)
+        try:
+            plan.validate()
+        except HetgradError as exc:
+            raise InputFileError(f"plan file {path}: {exc.message}", field=field) from None
         return plan
 
     def validate(self) -> None:
@@ -85,11 +88,11 @@ def _check_speeds(speeds: Sequence[float]) -> list[float]:
     for r, s in enumerate(speeds):
         s = float(s)
         if not math.isfinite(s) or s <= 0:
-            raise HetgradError(f"speed of rank {r} is {s!r}; speeds must be finite and > 0",
-                               flag="--speeds")
+            raise ConfigError(f"speed of rank {r} is {s!r}; speeds must be finite and > 0",
+                               field="speeds")
         out.append(s)
     if not out:
-        raise HetgradError("no speeds given", flag="--speeds")
+        raise ConfigError("no speeds given", field="speeds")
     return out
 
 
@@ -157,14 +160,14 @@ def make_plan(speeds: Sequence[float], global_batch: int, dataset_size: int, *,
     speeds = _check_speeds(speeds)
     p = len(speeds)
     if int(global_batch) != global_batch or global_batch <= 0:
-        raise HetgradError(f"global batch must be a positive integer, got {global_batch!r}",
-                           flag="--global-batch")
+        raise ConfigError(f"global batch must be a positive integer, got {global_batch!r}",
+                           field="global_batch")
     if min_batch < 1:
-        raise HetgradError(f"min batch must be >= 1, got {min_batch}", flag="--min-batch")
+        raise ConfigError(f"min batch must be >= 1, got {min_batch}", field="min_batch")
     if global_batch < p * min_batch:
-        raise HetgradError(
+        raise ConfigError(
             f"global batch {global_batch} < {p} ranks x min batch {min_batch}",
-            flag="--global-batch")
+            field="global_batch")
     if max_batch is None:
         caps = [global_batch] * p
     elif isinstance(max_batch, int):
@@ -172,17 +175,17 @@ def make_plan(speeds: Sequence[float], global_batch: int, dataset_size: int, *,
     else:
         caps = [int(c) for c in max_batch]
         if len(caps) != p:
-            raise HetgradError(f"{len(caps)} caps given for {p} ranks", flag="--max-batch")
+            raise ConfigError(f"{len(caps)} caps given for {p} ranks", field="max_batch")
     for r, c in enumerate(caps):
         if c < min_batch:
-            raise HetgradError(f"cap {c} of rank {r} is below min batch {min_batch}",
-                               flag="--max-batch")
+            raise ConfigError(f"cap {c} of rank {r} is below min batch {min_batch}",
+                               field="max_batch")
     if sum(caps) < global_batch:
-        raise HetgradError(f"per-rank caps sum to {sum(caps)} < global batch {global_batch}",
-                           flag="--max-batch")
+        raise ConfigError(f"per-rank caps sum to {sum(caps)} < global batch {global_batch}",
+                           field="max_batch")
     if dataset_size < global_batch:
-        raise HetgradError(f"dataset has {dataset_size} samples, fewer than the global batch "
-                           f"{global_batch}", flag="--global-batch")
+        raise ConfigError(f"dataset has {dataset_size} samples, fewer than the global batch "
+                           f"{global_batch}", field="global_batch")
 
     shares = _bounded_shares(global_batch, speeds, [min_batch] * p, caps)
     batches = _round_preserving_sum(shares, global_batch, [min_batch] * p, caps)

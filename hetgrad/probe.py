@@ -2,7 +2,6 @@
 are allgathered, so all ranks know every rank's samples/s."""
 from __future__ import annotations
 
-import json
 import socket
 import statistics
 import time
@@ -11,7 +10,10 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
-import tensorflow as tf
+
+from .compat import keras
+from .errors import InputFileError, PeerTimeoutError
+from .io import read_json, write_json
 
 
 @dataclass
@@ -24,7 +26,7 @@ class ProbeResult:
     step_times_s: list[float]
 
 
-def measure(model: tf.keras.Model, input_shape, num_classes: int, *, batch: int = 32,
+def measure(model: keras.Model, input_shape, num_classes: int, *, batch: int = 32,
             warmup: int = 3, steps: int = 10, seed: int = 0,
             before_step: Callable[[int], None] | None = None) -> tuple[float, list[float]]:
     """Median samples/s of ``model.train_on_batch`` on a synthetic batch of the real shape.
@@ -48,14 +50,14 @@ def measure(model: tf.keras.Model, input_shape, num_classes: int, *, batch: int 
     return batch / statistics.median(times), times
 
 
-def run_probe(comm, build_model: Callable[[], tf.keras.Model], input_shape, num_classes: int, *,
+def run_probe(comm, build_model: Callable[[], keras.Model], input_shape, num_classes: int, *,
               device: str, batch: int = 32, warmup: int = 3, steps: int = 10,
               before_step: Callable[[int], None] | None = None,
               timeout: float = 300.0) -> list[ProbeResult]:
     """Probe this rank (``before_step(n)``: e.g. speed emulation) and allgather the results."""
     model = build_model()
-    model.compile(optimizer=tf.keras.optimizers.SGD(0.0),
-                  loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.compile(optimizer=keras.optimizers.SGD(0.0),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     sps, times = measure(model, input_shape, num_classes, batch=batch, warmup=warmup, steps=steps,
                          before_step=before_step)
     mine = ProbeResult(comm.Get_rank(), socket.gethostname(), device, sps, batch, times)
@@ -65,7 +67,6 @@ def run_probe(comm, build_model: Callable[[], tf.keras.Model], input_shape, num_
 def gather_with_timeout(comm, obj, timeout: float, tag: int = 7301) -> list:
     """Allgather ``obj`` via rank 0, which names every rank that has not reported within
     ``timeout`` seconds (then ``fail_fast`` aborts the job) instead of waiting forever."""
-    from .errors import HetgradError
     rank, size = comm.Get_rank(), comm.Get_size()
     if size == 1:
         return [obj]
@@ -83,22 +84,22 @@ def gather_with_timeout(comm, obj, timeout: float, tag: int = 7301) -> list:
                 del reqs[r]
         time.sleep(0.01)
     if reqs:
-        raise HetgradError(f"rank(s) {sorted(reqs)} did not report within {timeout:g}s",
-                           flag="--probe-timeout")
+        raise PeerTimeoutError(f"rank(s) {sorted(reqs)} did not report within {timeout:g}s",
+                               ranks=sorted(reqs), field="probe_timeout")
     return comm.bcast([got[r] for r in range(size)], root=0)
 
 
 def save(results: list[ProbeResult], path: str | Path) -> None:
-    Path(path).write_text(json.dumps([asdict(r) for r in results], indent=2))
+    write_json([asdict(r) for r in results], path)
 
 
 def load(path: str | Path, world_size: int | None = None) -> list[ProbeResult]:
-    from .errors import HetgradError
+    data = read_json(path, field="probe_file", what="probe file")
     try:
-        results = [ProbeResult(**d) for d in json.loads(Path(path).read_text())]
-    except (OSError, ValueError, TypeError) as exc:
-        raise HetgradError(f"cannot read probe file {path}: {exc}", flag="--probe") from None
+        results = [ProbeResult(**d) for d in data]
+    except TypeError as exc:
+        raise InputFileError(f"cannot read probe file {path}: {exc}", field="probe_file") from None
     if world_size is not None and len(results) != world_size:
-        raise HetgradError(f"probe file {path} has {len(results)} ranks, job has {world_size}",
-                           flag="--probe")
+        raise InputFileError(f"probe file {path} has {len(results)} ranks, job has {world_size}",
+                           field="probe_file")
     return results

@@ -1,85 +1,21 @@
 """Semi-dynamic rebalancing: measure each rank's busy time while training, re-plan between epochs.
 
 A synchronous step on rank ``i`` is *busy* (load data, forward, backward: its own speed) and then
-*waits* in the gradient exchange for the slowest rank. :class:`StepTimer` splits the two inside
-the training graph with two ``tf.timestamp`` ops, so the measurement costs no extra step and no
-probe. After an epoch :class:`Rebalancer` gathers every rank's busy time, turns it into a
-measured speed ``samples_i / busy_i`` and, when the ranks' busy times differ by more than a
-threshold, builds a new plan with the same global batch (so the same steps per epoch and the
-same optimisation) for the next epoch. Every rank computes the same plan from the same gathered
+*waits* in the gradient exchange for the slowest rank. :class:`~hetgrad.timing.StepTimer`
+splits the two inside the training graph with two ``tf.timestamp`` ops, so the measurement
+costs no extra step and no probe. After an epoch :class:`Rebalancer` gathers every rank's busy
+time, turns it into a measured speed ``samples_i / busy_i`` and, when the ranks' busy times
+differ by more than a threshold, builds a new plan with the same global batch (so the same
+steps per epoch and the same optimisation) for the next epoch. Every rank computes the same plan from the same gathered
 numbers; nothing is broadcast.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
-from .errors import HetgradError
+from .errors import ConfigError
 from .partition import Plan, make_plan
-
-
-class StepTimer:
-    """Per-rank busy and wait seconds, accumulated by the train step itself.
-
-    busy: from the end of the previous exchange to this rank's local gradients being ready;
-    wait: from then to the end of this step's exchange (idle time + communication).
-    Call :meth:`start` when an epoch begins and :meth:`read` when it ends.
-    """
-
-    def __init__(self):
-        import tensorflow as tf
-        var = lambda name: tf.Variable(0.0, dtype=tf.float64, trainable=False,  # noqa: E731
-                                       name=f"hetgrad_{name}")
-        self.busy, self.wait, self.last_done = var("busy_s"), var("wait_s"), var("last_done")
-
-    def start(self) -> None:
-        self.busy.assign(0.0)
-        self.wait.assign(0.0)
-        self.last_done.assign(time.time())  # tf.timestamp() counts from the same Unix epoch
-
-    def ready(self, grads):
-        """In the graph, once the local gradients exist: count busy time, return the time."""
-        import tensorflow as tf
-        deps = [t for t in tf.nest.flatten(grads, expand_composites=True) if t is not None]
-        with tf.control_dependencies(deps):
-            now = tf.timestamp()
-        self.busy.assign_add(now - self.last_done)
-        return now
-
-    def done(self, t_ready, reduced) -> None:
-        """In the graph, once the exchanged gradients exist: count wait time."""
-        import tensorflow as tf
-        deps = [t for t in tf.nest.flatten(reduced, expand_composites=True) if t is not None]
-        with tf.control_dependencies(deps):
-            now = tf.timestamp()
-        self.wait.assign_add(now - t_ready)
-        self.last_done.assign(now)
-
-    def read(self) -> tuple[float, float]:
-        return float(self.busy.numpy()), float(self.wait.numpy())
-
-
-class WallTimer:
-    """The same split for a Python training loop (the sparse path): call :meth:`ready` when the
-    local gradients are computed and :meth:`done` when the exchange returns."""
-
-    def start(self) -> None:
-        self.busy = self.wait = 0.0
-        self._last = time.perf_counter()
-
-    def ready(self) -> None:
-        now = time.perf_counter()
-        self.busy += now - self._last
-        self._ready, self._last = now, now
-
-    def done(self) -> None:
-        now = time.perf_counter()
-        self.wait += now - self._ready
-        self._last = now
-
-    def read(self) -> tuple[float, float]:
-        return self.busy, self.wait
 
 
 @dataclass
@@ -117,7 +53,7 @@ class Rebalancer:
     def __init__(self, comm, *, threshold: float | None = 0.05, min_batch: int = 1,
                  max_batch: Sequence[int] | int | None = None):
         if threshold is not None and not threshold >= 0:
-            raise HetgradError(f"must be >= 0, got {threshold}", flag="--rebalance-threshold")
+            raise ConfigError(f"must be >= 0, got {threshold}", field="rebalance_threshold")
         self.comm = comm
         self.threshold = threshold
         self.min_batch = min_batch

@@ -1,24 +1,21 @@
 """``hetgrad report``: Markdown table and matplotlib plots from run records."""
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 
-from .errors import HetgradError
+from .errors import InputFileError
+from .io import read_json, write_json
 
 
 def load_runs(paths) -> list[dict]:
     runs = []
     for p in paths:
-        try:
-            rec = json.loads(Path(p).read_text())
-        except (OSError, ValueError) as exc:
-            raise HetgradError(f"cannot read run record {p}: {exc}", flag="RUN.json") from None
+        rec = read_json(p, field="runs", what="run record")
         if "epochs" not in rec or "config" not in rec:
-            raise HetgradError(f"{p} is not a `hetgrad train` record", flag="RUN.json")
+            raise InputFileError(f"{p} is not a `hetgrad train` record", field="runs")
         rec["_path"] = str(p)
         runs.append(rec)
     return runs
@@ -126,11 +123,11 @@ def plots(runs: list[dict], out_dir: Path) -> list[Path]:
 def report(paths, out_dir: str | Path) -> tuple[str, list[Path]]:
     runs = load_runs(paths)
     if not runs:
-        raise HetgradError("no run records given", flag="RUN.json")
+        raise InputFileError("no run records given", field="runs")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rows = summarize(runs)
     md = markdown(rows)
     (out / "table.md").write_text(md)
-    (out / "summary.json").write_text(json.dumps(rows, indent=2))
+    write_json(rows, out / "summary.json")
     return md, plots(runs, out)

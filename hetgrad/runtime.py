@@ -6,7 +6,8 @@ import sys
 import traceback
 from contextlib import contextmanager
 
-from .errors import HetgradError
+from .config import check_value
+from .errors import ConfigError, HetgradError
 
 
 def configure_tf(threads: int = 1, device: str = "cpu") -> str:
@@ -18,13 +19,12 @@ def configure_tf(threads: int = 1, device: str = "cpu") -> str:
     import tensorflow as tf
 
     tf.get_logger().setLevel("ERROR")  # e.g. Keras' "callback is slow" notes, on every rank
-    if device not in ("cpu", "gpu", "auto"):
-        raise HetgradError(f"unknown device {device!r}; use cpu, gpu or auto", flag="--device")
+    check_value("device", device)
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(threads)
     gpus = tf.config.list_physical_devices("GPU")
     if device == "gpu" and not gpus:
-        raise HetgradError("--device gpu asked for, but this rank sees no GPU", flag="--device")
+        raise ConfigError("gpu asked for, but this rank sees no GPU", field="device")
     if device == "cpu" or not gpus:
         tf.config.set_visible_devices([], "GPU")
         return "/CPU:0"
@@ -45,11 +45,12 @@ def init():
 
 
 @contextmanager
-def fail_fast():
+def fail_fast(flags: dict[str, str] | None = None):
     """Turn any error on any rank into a one-line message naming the rank, then end all ranks.
 
     A rank that fails alone would leave the others blocked in a collective, so with more than
-    one rank we call ``MPI_Abort``; exit code 2 for user errors, 1 otherwise.
+    one rank we call ``MPI_Abort``; exit code 2 for user errors, 1 otherwise. ``flags`` maps
+    a setting to the flag shown for it (see :meth:`HetgradError.render`).
     """
     try:
         yield
@@ -61,7 +62,8 @@ def fail_fast():
         where = f" on rank {rank}/{size}" if size > 1 else ""
         if code == 1:
             traceback.print_exc()
-        print(f"hetgrad: error{where}: {exc}", file=sys.stderr, flush=True)
+        text = exc.render(flags) if isinstance(exc, HetgradError) else str(exc)
+        print(f"hetgrad: error{where}: {text}", file=sys.stderr, flush=True)
         if size > 1:
             from mpi4py import MPI
             MPI.COMM_WORLD.Abort(code)

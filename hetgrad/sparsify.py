@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .errors import HetgradError
+from .errors import ConfigError, InputFileError
 
 F32 = 4  # bytes per value
 I32 = 4  # bytes per index
@@ -162,13 +162,13 @@ class SparseExchanger:
     def __init__(self, comm, sizes: Sequence[int], *, policy: str = "topk", density: float = 0.01,
                  exchange: str = "union", momentum: float = 0.0, **policy_args):
         if policy not in POLICIES:
-            raise HetgradError(f"unknown policy {policy!r}; choose from {sorted(POLICIES)}",
-                               flag="--sparsify")
+            raise ConfigError(f"unknown policy {policy!r}; choose from {sorted(POLICIES)}",
+                               field="sparsify")
         if exchange not in EXCHANGES:
-            raise HetgradError(f"unknown exchange {exchange!r}; choose from {EXCHANGES}",
-                               flag="--exchange")
+            raise ConfigError(f"unknown exchange {exchange!r}; choose from {EXCHANGES}",
+                               field="exchange")
         if not 0.0 < density <= 1.0:
-            raise HetgradError(f"density must be in (0, 1], got {density}", flag="--density")
+            raise ConfigError(f"density must be in (0, 1], got {density}", field="density")
         self.comm = comm
         self.policy, self.exchange = policy, exchange
         self.seg = Segments.of(list(sizes), density)
@@ -188,9 +188,9 @@ class SparseExchanger:
     def load_state_dict(self, d) -> None:
         """Continue from :meth:`state_dict` (bit for bit)."""
         if d["residual"].shape != self.memory.residual.shape:
-            raise HetgradError(f"checkpointed residual has {d['residual'].size} entries, the "
+            raise InputFileError(f"checkpointed residual has {d['residual'].size} entries, the "
                                f"model's sparse tensors {self.memory.residual.size}",
-                               flag="--resume")
+                               field="resume")
         self.memory.residual = np.array(d["residual"], np.float32)
         if self.memory.velocity is not None:
             self.memory.velocity = np.array(d["velocity"], np.float32)

@@ -25,7 +25,7 @@ def test_npz_roundtrip(tmp_path):
 def test_unreadable_npz_names_flag_and_file(tmp_path):
     f = tmp_path / "broken.npz"
     f.write_bytes(b"this is not a zip file")
-    with pytest.raises(HetgradError, match=r"--data: cannot read .*broken.npz"):
+    with pytest.raises(HetgradError, match=r"data: cannot read .*broken.npz"):
         data.load(str(f))
 
 
@@ -37,7 +37,7 @@ def test_npz_missing_arrays(tmp_path):
 
 
 def test_missing_file():
-    with pytest.raises(HetgradError, match="--data: no such dataset or file"):
+    with pytest.raises(HetgradError, match="data: no such dataset or file"):
         data.load("/nonexistent/file.npz")
 
 

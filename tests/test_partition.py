@@ -72,22 +72,22 @@ def test_property_equal_steps_disjoint_cover(speeds, extra, n, min_batch):
 
 @pytest.mark.parametrize("speeds", [[1, 0, 2], [1, -3], [float("nan"), 1], [float("inf"), 1], []])
 def test_bad_speeds_name_the_flag(speeds):
-    with pytest.raises(HetgradError, match="--speeds"):
+    with pytest.raises(HetgradError, match="speeds"):
         make_plan(speeds, 64, 1000)
 
 
 def test_global_batch_below_ranks_times_min_batch():
-    with pytest.raises(HetgradError, match=r"--global-batch: global batch 10 < 3 ranks x min batch 4"):
+    with pytest.raises(HetgradError, match=r"global_batch: global batch 10 < 3 ranks x min batch 4"):
         make_plan([1, 1, 1], 10, 1000, min_batch=4)
 
 
 def test_dataset_smaller_than_global_batch():
-    with pytest.raises(HetgradError, match="--global-batch: dataset has 50 samples"):
+    with pytest.raises(HetgradError, match="global_batch: dataset has 50 samples"):
         make_plan([1, 2], 64, 50)
 
 
 def test_caps_too_small():
-    with pytest.raises(HetgradError, match="--max-batch"):
+    with pytest.raises(HetgradError, match="max_batch"):
         make_plan([1, 1], 64, 1000, max_batch=[16, 16])
 
 
@@ -96,8 +96,8 @@ def test_plan_roundtrip_and_wrong_rank_count(tmp_path):
     f = tmp_path / "plan.json"
     p.save(f)
     assert Plan.load(f, world_size=3) == p
-    with pytest.raises(HetgradError, match="--plan: plan file .* is for 3 ranks but this job has 2"):
+    with pytest.raises(HetgradError, match="plan: plan file .* is for 3 ranks but this job has 2"):
         Plan.load(f, world_size=2)
     (tmp_path / "bad.json").write_text("{not json")
-    with pytest.raises(HetgradError, match="--plan: cannot read plan file"):
+    with pytest.raises(HetgradError, match="plan: cannot read plan file"):
         Plan.load(tmp_path / "bad.json")

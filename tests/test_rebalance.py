@@ -58,7 +58,7 @@ def test_caps_bound_the_new_plan():
 def test_imbalance_and_bad_threshold():
     assert imbalance([2.0, 2.0, 2.0]) == 0.0
     assert imbalance([1.0, 3.0]) == pytest.approx(0.5)
-    with pytest.raises(HetgradError, match="--rebalance-threshold"):
+    with pytest.raises(HetgradError, match="rebalance_threshold"):
         Rebalancer(None, threshold=-0.5)
 
 

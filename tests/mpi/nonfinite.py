@@ -6,12 +6,13 @@ import sys
 
 import numpy as np
 
-from hetgrad import train as T
+from hetgrad import loop, trainer
+from hetgrad.config import TrainConfig
 from hetgrad.runtime import fail_fast
 
 out, policy = sys.argv[1], sys.argv[2]
 sparse = len(sys.argv) > 3 and sys.argv[3] == "sparse"
-clean = T._local_batches
+clean = loop.epoch_batches
 
 
 def poisoned(xy, plan, rank, seed, epoch):
@@ -21,7 +22,7 @@ def poisoned(xy, plan, rank, seed, epoch):
     return ds
 
 
-T._local_batches = poisoned
+loop.epoch_batches = poisoned
 with fail_fast():
-    T.train(T.TrainConfig(speeds=[1, 2, 1], epochs=3, on_nonfinite=policy, out=out,
-                          sparsify="topk" if sparse else None, verbose=False))
+    trainer.train(TrainConfig(speeds=[1, 2, 1], epochs=3, on_nonfinite=policy, out=out,
+                              sparsify="topk" if sparse else None, quiet=True))

@@ -1,0 +1,128 @@
+"""What a training job does around its epochs, each an :class:`Action` with one small
+interface (orbit-style: the loop in :func:`hetgrad.trainer.run_epochs` knows none of them).
+
+An action may add Keras callbacks to every epoch's ``model.fit`` (per-step work) and acts at
+epoch boundaries on the :class:`~hetgrad.trainer.Job` and the epoch's record row. Every rank
+runs every action (collectives inside them stay matched); printing is rank 0's.
+"""
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from .compat import keras
+from .emulate import SpeedEmulator, speed_at
+from .keras import set_plan
+from .pipeline import batch_size_at
+
+if TYPE_CHECKING:
+    from .trainer import Job
+
+
+class Action:
+    """Hooks with no effect; subclasses override what they need."""
+
+    def callbacks(self, job: "Job") -> list:
+        """Keras callbacks for this epoch's ``model.fit``."""
+        return []
+
+    def on_epoch_begin(self, job: "Job", epoch: int) -> None:
+        pass
+
+    def on_epoch_end(self, job: "Job", epoch: int, row: dict) -> None:
+        """``row`` is the epoch's record entry (loss, accuracy, time_s, ...); add to it."""
+
+    def on_train_end(self, job: "Job") -> None:
+        pass
+
+
+class Emulation(Action):
+    """Emulated speeds: the schedule's speed from each epoch on, a sleep before each step."""
+
+    def __init__(self, schedule: dict[int, list[float]], emulator: SpeedEmulator):
+        self.schedule, self.emulator = schedule, emulator
+
+    def callbacks(self, job):
+        return [self.emulator.callback(lambda step: batch_size_at(job.plan, job.rank, step))]
+
+    def on_epoch_begin(self, job, epoch):
+        self.emulator.set_speed(speed_at(self.schedule, epoch, job.rank))
+
+
+class Evaluation(Action):
+    """Rank 0 scores the whole test set after every epoch and prints a progress line."""
+
+    def __init__(self, test, verbose: bool):
+        self.test, self.verbose = test, verbose
+
+    def on_epoch_end(self, job, epoch, row):
+        if job.rank != 0:
+            return
+        t0 = time.perf_counter()
+        test_loss, test_acc = job.model.evaluate(self.test, verbose=0)
+        plan = job.plan
+        row.update(test_loss=float(test_loss), test_accuracy=float(test_acc),
+                   eval_time_s=time.perf_counter() - t0,
+                   samples_per_s=(plan.dataset_size - plan.dropped) / row["time_s"],
+                   batches=list(plan.batches))
+        if self.verbose:
+            print(f"epoch {epoch + 1:3d}/{job.cfg.epochs}  loss {row['loss']:.4f}  "
+                  f"acc {row['accuracy']:.4f}  test_acc {test_acc:.4f}  "
+                  f"{row['time_s']:.2f}s  {row['samples_per_s']:.0f} samples/s", flush=True)
+
+
+class Balance(Action):
+    """Every epoch: each rank's busy/wait seconds from the aggregation's timer into the row
+    and the rebalancer; a new plan from it (with ``--rebalance``) takes effect at once."""
+
+    def __init__(self, rebalancer, verbose: bool):
+        self.rebalancer, self.verbose = rebalancer, verbose
+
+    def callbacks(self, job):
+        timer = job.aggregation.timer
+        return [keras.callbacks.LambdaCallback(on_epoch_begin=lambda e, logs: timer.start())]
+
+    def on_epoch_end(self, job, epoch, row):
+        busy, wait = job.aggregation.timer.read()
+        row.update(busy_s=busy, wait_s=wait)
+        new = self.rebalancer.after_epoch(epoch, job.plan, busy, wait)
+        if new is job.plan:
+            return
+        if job.rank == 0 and self.verbose:
+            e = self.rebalancer.history[-1]
+            print(f"hetgrad: rebalance after epoch {epoch + 1}: busy "
+                  f"{[round(b, 2) for b in e.busy_s]} s (imbalance {e.imbalance:.2f} > "
+                  f"{self.rebalancer.threshold}), batches {job.plan.batches} -> {new.batches}",
+                  flush=True)
+        job.plan = new
+        set_plan(job.optimizer, new)
+
+
+class SparseStats(Action):
+    """The sparse exchange's per-step statistics, tagged with epoch and step."""
+
+    def __init__(self, reducer):
+        self.reducer = reducer
+
+    def on_epoch_end(self, job, epoch, row):
+        job.sparse_steps += [{"epoch": epoch + 1, "step": i, **vars(s)}
+                             for i, s in enumerate(self.reducer.take_log())]
+
+
+class Checkpointing(Action):
+    """Rank 0 saves model, optimizer, plan in effect and every rank's reducer state."""
+
+    def __init__(self, checkpointer, reducer=None):
+        self.checkpointer, self.reducer = checkpointer, reducer
+
+    def on_epoch_end(self, job, epoch, row):
+        if not self.checkpointer.due(epoch + 1, last=epoch + 1 == job.cfg.epochs):
+            return
+        per_rank = None
+        if self.reducer is not None:
+            states = job.comm.gather(self.reducer.state_dict(), root=0)
+            per_rank = states if job.rank == 0 and any(states) else None
+        self.checkpointer.save(epoch + 1, per_rank, plan=job.plan.to_dict())
+
+    def on_train_end(self, job):
+        self.checkpointer.save_final_weights()

@@ -1,0 +1,44 @@
+"""The one place that knows which TensorFlow/Keras flavour runs.
+
+Flavours: ``keras2`` (TF <= 2.15, Keras 2 as ``tf.keras``), ``tf_keras`` (TF >= 2.16 with
+``TF_USE_LEGACY_KERAS=1``: the Keras 2 API from the ``tf-keras`` package) and ``keras3``
+(TF >= 2.16, ``tf.keras`` is Keras 3). Everything else in hetgrad imports ``keras`` from here
+and asks the helpers below instead of testing versions or classes itself.
+"""
+from __future__ import annotations
+
+import importlib
+
+import tensorflow as tf
+
+from .errors import ConfigError
+
+keras = tf.keras
+# tf.keras is a lazy module inside the package that provides it: keras or tf_keras
+KERAS_VERSION: str = importlib.import_module(keras.__name__.split(".")[0]).__version__
+KERAS3: bool = int(KERAS_VERSION.split(".")[0]) >= 3
+TF_VERSION: str = tf.__version__
+FLAVOUR: str = "keras3" if KERAS3 else (
+    "tf_keras" if tuple(int(p) for p in TF_VERSION.split(".")[:2]) >= (2, 16) else "keras2")
+
+
+def is_legacy_optimizer(optimizer) -> bool:
+    """Keras 2's ``optimizers.legacy`` (OptimizerV2) class family; Keras 3 has none."""
+    legacy = getattr(keras.optimizers, "legacy", None)
+    return not KERAS3 and legacy is not None and isinstance(optimizer, legacy.Optimizer)
+
+
+def require_keras2(what: str) -> None:
+    """Refuse loudly where a feature would otherwise silently not aggregate under Keras 3."""
+    if KERAS3:
+        raise ConfigError(
+            f"{what} does not support Keras {KERAS_VERSION} yet (TF {TF_VERSION}); use "
+            "TensorFlow 2.15, or TF_USE_LEGACY_KERAS=1 with the tf-keras package")
+
+
+def horovod_keras():
+    """``horovod.tensorflow.keras`` for the Horovod baselines and its broadcast callback."""
+    require_keras2("horovod.tensorflow.keras (it does not allreduce under Keras 3)")
+    import horovod.tensorflow.keras as hvd_keras
+    return hvd_keras
+

@@ -1,0 +1,158 @@
+"""The one source of ``hetgrad train``'s settings: each :class:`TrainConfig` field carries its
+help, choices, range check and string parser; the CLI generates its options from them
+(``hetgrad.cli``) and the library validates with the same rules (:func:`check_value`).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Callable
+
+from .errors import ConfigError
+from .sparsify import EXCHANGES, POLICIES
+
+MODES = ("weighted", "uneven-avg", "equal")
+WEIGHTINGS = ("plan", "samples")
+OPTIMIZERS = ("sgd", "adam")
+DEVICES = ("cpu", "gpu", "auto")
+NONFINITE_POLICIES = ("abort", "ignore")
+
+Check = Callable[[Any], "str | None"]  # the problem with a value, or None
+
+
+def at_least(low: int) -> Check:
+    return lambda v: None if v >= low else f"must be >= {low}, got {v}"
+
+
+def positive(v) -> str | None:
+    return None if math.isfinite(v) and v > 0 else f"must be a positive number, got {v}"
+
+
+def non_negative(v) -> str | None:
+    return None if math.isfinite(v) and v >= 0 else f"must be a number >= 0, got {v}"
+
+
+def fraction(v) -> str | None:
+    return None if 0.0 < v <= 1.0 else f"must be in (0, 1], got {v}"
+
+
+def _split(name: str, text: str, kind: type, what: str) -> list:
+    try:
+        return [kind(v) for v in text.split(",")]
+    except ValueError:
+        raise ConfigError(f"expected comma-separated {what}, got {text!r}", field=name) from None
+
+
+def floats(name: str, text: str) -> list[float]:
+    """``"1,2,4"`` -> ``[1.0, 2.0, 4.0]``."""
+    return _split(name, text, float, "numbers")
+
+
+def int_or_ints(name: str, text: str) -> int | list[int]:
+    """``"64"`` -> ``64`` (one value for every rank); ``"64,32"`` -> ``[64, 32]``."""
+    values = _split(name, text, int, "integers")
+    return values[0] if len(values) == 1 else values
+
+
+def setting(default, help: str, *, choices: tuple | None = None, check: Check | None = None,
+            parse: Callable[[str, str], Any] | None = None, flag: str | None = None,
+            short: str | None = None):
+    """A dataclass field with what the CLI and the validation need to know about it."""
+    meta = dict(help=help, choices=choices, check=check, parse=parse, flag=flag, short=short)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class TrainConfig:
+    """Everything one ``hetgrad train`` job needs; ``TrainConfig(**kwargs).check()`` validates."""
+
+    data: str = setting("digits", "digits (embedded), synthetic, or a Keras-format .npz path")
+    model: str = setting("mlp", "mlp | cnn | resnet | wide-mlp")
+    mode: str = setting("weighted", "weighted: hetgrad; uneven-avg: uneven batches with "
+                        "Horovod's average; equal: Horovod's equal batches", choices=MODES)
+    weighting: str = setting("plan", "weighted mode: the plan's per-step shares (exact, free) "
+                             "or the samples counted in each step", choices=WEIGHTINGS)
+    global_batch: int = setting(96, "global batch (sum of the ranks' batches)",
+                                check=at_least(1), short="-B")
+    epochs: int = setting(10, "epochs to train", check=at_least(1))
+    lr: float = setting(0.05, "learning rate", check=positive)
+    optimizer: str = setting("sgd", "SGD with momentum 0.9, or Adam", choices=OPTIMIZERS)
+    seed: int = setting(0, "seed of weights and data order (same on every rank)")
+    speeds: list[float] | None = setting(None, "skip the probe's verdict: plan for these "
+                                         "per-rank speeds, e.g. 1,2,4", parse=floats)
+    plan: str | None = setting(None, "use a saved plan (from `hetgrad plan`)")
+    probe_file: str | None = setting(None, "reuse a saved probe (from `hetgrad probe`)")
+    emulate_speeds: str | None = setting(None, "emulated per-rank speeds, e.g. 1,2,4 or "
+                                         "'1,2,4;3:1,0.5,4' (from epoch 3)")
+    emulate_unit: float = setting(1e-3, "emulated seconds per sample at speed 1", check=positive)
+    probe_batch: int = setting(128, "batch size the probe times", check=at_least(1))
+    probe_steps: int = setting(8, "timed probe steps (after 3 warm-up steps)", check=at_least(1))
+    probe_timeout: float = setting(300.0, "seconds rank 0 waits for every rank's probe before "
+                                   "naming the missing ones", check=positive)
+    min_batch: int = setting(1, "smallest per-rank batch", check=at_least(1))
+    max_batch: int | list[int] | None = setting(None, "per-rank batch cap: one int or one per "
+                                                "rank", parse=int_or_ints)
+    sparsify: str | None = setting(None, "send only top-k gradient entries, chosen by this "
+                                   "policy", choices=tuple(POLICIES))
+    density: float = setting(0.01, "fraction of each tensor's entries sent", check=fraction)
+    exchange: str = setting("union", "how sparse entries are combined", choices=EXCHANGES)
+    dense_below: int = setting(1024, "tensors with fewer entries stay dense", check=at_least(0))
+    rebalance: bool = setting(False, "re-plan between epochs from each rank's measured busy "
+                              "time")
+    rebalance_threshold: float = setting(0.05, "re-plan when max(busy)/mean(busy) - 1 exceeds "
+                                         "this", check=non_negative)
+    on_nonfinite: str = setting("abort", "NaN/Inf in a rank's local gradients: end the job "
+                                "naming the rank, or go on", choices=NONFINITE_POLICIES)
+    checkpoint_dir: str | None = setting(None, "rank 0 saves checkpoints here")
+    checkpoint_every: int = setting(1, "epochs between checkpoints", check=at_least(1))
+    resume: str | None = setting(None, "continue from this checkpoint dir")
+    threads: int = setting(1, "TF threads per rank", check=at_least(1))
+    device: str = setting("cpu", "where each rank computes", choices=DEVICES)
+    out: str = setting("run.json", "JSON record (written by rank 0)")
+    quiet: bool = setting(False, "no progress lines")
+
+    def check(self) -> None:
+        """Every field's own rule, then the rules that tie fields together."""
+        for f in fields(self):
+            check_value(f.name, getattr(self, f.name))
+        if self.rebalance and self.mode != "weighted":
+            raise ConfigError("rebalancing needs mode 'weighted' (the baselines keep their "
+                              "batches)", field="rebalance")
+        if self.sparsify is not None and self.mode != "weighted":
+            raise ConfigError("sparsification runs with mode 'weighted' only", field="sparsify")
+        if self.resume and not (Path(self.resume) / "state.json").is_file():
+            raise ConfigError(f"no checkpoint in {self.resume} (state.json missing)",
+                              field="resume")
+        out_dir = Path(self.out).resolve().parent
+        if not out_dir.is_dir():
+            raise ConfigError(f"directory {out_dir} does not exist", field="out")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+SETTINGS = {f.name: f for f in fields(TrainConfig)}
+
+
+def check_value(name: str, value) -> None:
+    """Apply the rule of setting ``name`` to ``value`` (None passes: 'not given')."""
+    meta = SETTINGS[name].metadata
+    if value is None:
+        return
+    if meta["choices"] is not None and value not in meta["choices"]:
+        raise ConfigError(f"unknown {name.replace('_', ' ')} {value!r}; choose from "
+                          f"{', '.join(meta['choices'])}", field=name)
+    problem = meta["check"](value) if meta["check"] else None
+    if problem:
+        raise ConfigError(problem, field=name)
+
+
+def parse_settings(values: dict) -> dict:
+    """``values`` with each text given for a list-valued setting parsed (``"1,2"`` -> list)."""
+    out = dict(values)
+    for name, value in values.items():
+        parse = SETTINGS[name].metadata["parse"]
+        if parse is not None and isinstance(value, str):
+            out[name] = parse(name, value)
+    return out

@@ -1,0 +1,64 @@
+"""The epoch loop, apart from what happens around it: every epoch is one ``model.fit`` call on
+the plan in effect, with the actions' hooks before, inside (Keras callbacks) and after it."""
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import tensorflow as tf
+
+from .compat import horovod_keras, keras
+from .errors import NonFiniteGradientError
+from .keras import NONFINITE, WeightedMetricAverageCallback
+from .pipeline import epoch_batches
+
+if TYPE_CHECKING:
+    from .actions import Action
+    from .trainer import Job
+
+
+class _EpochClock(keras.callbacks.Callback):
+    """Seconds from ``model.fit``'s epoch start to its end (before metric averaging)."""
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.t0 = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.seconds = time.perf_counter() - self.t0
+
+
+def run_epochs(job: "Job", actions: "list[Action]") -> float:
+    """Train from ``job.start_epoch`` to ``cfg.epochs``; returns the wall time."""
+    broadcast = horovod_keras().callbacks.BroadcastGlobalVariablesCallback(0)  # once, 1st step
+    t0 = time.perf_counter()
+    for epoch in range(job.start_epoch, job.cfg.epochs):
+        for action in actions:
+            action.on_epoch_begin(job, epoch)
+        row = _fit_epoch(job, epoch, [broadcast, *(c for a in actions for c in a.callbacks(job))])
+        for action in actions:
+            action.on_epoch_end(job, epoch, row)
+        job.epochs.append(row)
+    for action in actions:
+        action.on_train_end(job)
+    return time.perf_counter() - t0
+
+
+def _fit_epoch(job: "Job", epoch: int, callbacks: list) -> dict:
+    """One ``model.fit`` epoch on the plan in effect; the epoch's row (metrics over all ranks)."""
+    clock = _EpochClock()
+    batches = epoch_batches(job.train_xy, job.plan, job.rank, job.cfg.seed, epoch)
+    metrics = WeightedMetricAverageCallback(job.plan.shard_sizes[job.rank])
+    try:
+        with tf.device(job.device):
+            history = job.model.fit(batches, epochs=epoch + 1, initial_epoch=epoch,
+                                    steps_per_epoch=job.plan.steps_per_epoch, verbose=0,
+                                    callbacks=[*callbacks, clock, metrics])
+    except tf.errors.InvalidArgumentError as exc:
+        if NONFINITE in str(exc):
+            raise NonFiniteGradientError(
+                f"NaN or Inf in this rank's gradients in epoch {epoch + 1}; lower the learning "
+                "rate, check the data, or set on_nonfinite to 'ignore'",
+                field="on_nonfinite") from None
+        raise
+    logs = {k: float(v[-1]) for k, v in history.history.items()}
+    return {"epoch": epoch + 1, **logs, "time_s": clock.seconds}

@@ -1,0 +1,53 @@
+"""The JSON record of one ``hetgrad train`` run, built by a pure function (no MPI, no TF) from
+what the trainer measured, so its arithmetic is unit-tested on its own."""
+from __future__ import annotations
+
+import statistics
+from typing import Sequence
+
+from .partition import Plan
+
+SPARSE_KEYS = ("k", "union", "buildup", "bytes_sent", "bytes_received",
+               "aggregator_send_entries")
+
+
+def build_record(*, config: dict, world_size: int, device: str, probe: Sequence[dict],
+                 probe_time_s: float, first_plan: Plan, final_plan: Plan,
+                 epochs: Sequence[dict], wall_time_s: float,
+                 per_rank_epoch_times_s: Sequence[Sequence[float]], balance: Sequence[dict],
+                 sparse_steps: Sequence[dict] | None = None,
+                 sparse_bytes_per_rank: Sequence[dict] | None = None) -> dict:
+    """Summaries over ``epochs`` (rank 0's rows, with its test scores) and the raw inputs.
+
+    ``samples_per_s`` is the samples trained per epoch over the median epoch time;
+    ``throughput_efficiency`` divides it by the sum of the probed rates (what perfect balance
+    with no communication would reach)."""
+    times = [row["time_s"] for row in epochs]
+    median = float(statistics.median(times))
+    achieved = (final_plan.dataset_size - final_plan.dropped) / median
+    ideal = sum(p["samples_per_s"] for p in probe)
+    record = {
+        "config": dict(config), "world_size": world_size, "device": device,
+        "plan": first_plan.to_dict(), "final_plan": final_plan.to_dict(),
+        "probe": list(probe), "probe_time_s": probe_time_s,
+        "epochs": list(epochs), "wall_time_s": wall_time_s,
+        "final_test_accuracy": epochs[-1]["test_accuracy"],
+        "best_test_accuracy": max(row["test_accuracy"] for row in epochs),
+        "median_epoch_time_s": median,
+        "samples_per_s": achieved, "ideal_samples_per_s": ideal,
+        "throughput_efficiency": achieved / ideal,
+        "per_rank_epoch_times_s": [list(t) for t in per_rank_epoch_times_s],
+        "balance": list(balance),
+    }
+    if sparse_steps is not None:
+        record["sparse_steps"] = list(sparse_steps)
+        record["sparse_summary"] = {key: statistics.fmean(row[key] for row in sparse_steps)
+                                    for key in SPARSE_KEYS}
+        record["sparse_bytes_per_rank"] = list(sparse_bytes_per_rank or [])
+    return record
+
+
+def sparse_bytes(steps: Sequence[dict]) -> dict:
+    """One rank's total bytes sent and received over its sparse steps."""
+    return {"bytes_sent": sum(r["bytes_sent"] for r in steps),
+            "bytes_received": sum(r["bytes_received"] for r in steps)}

@@ -1,0 +1,231 @@
+"""``hetgrad train`` as phases: :func:`build_job` (runtime, data, probe, plan, model and
+optimizer, checkpoint restore), :func:`hetgrad.loop.run_epochs` (``model.fit`` per epoch with
+:mod:`hetgrad.actions` around it) and :func:`finish` (the record, via
+:func:`hetgrad.record.build_record`). Dense and sparse runs take the same path; they differ
+only in the optimizer's reducer."""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import tensorflow as tf
+
+from . import data as data_mod, models, probe
+from .actions import Action, Balance, Checkpointing, Emulation, Evaluation, SparseStats
+from .checkpoint import Checkpointer, read_state
+from .compat import horovod_keras, keras
+from .config import TrainConfig
+from .emulate import SpeedEmulator, parse_schedule
+from .errors import ConfigError
+from .io import write_json
+from .keras import DistributedOptimizer, count_samples
+from .loop import run_epochs
+from .partition import Plan, equal_plan, make_plan
+from .rebalance import Rebalancer
+from .record import build_record, sparse_bytes
+from .runtime import configure_tf, init
+from .sparse_exchange import SparseReducer
+
+
+@dataclass
+class Job:
+    """Everything one run holds; actions read it and may replace ``plan``."""
+
+    cfg: TrainConfig
+    comm: Any
+    device: str
+    data: data_mod.Dataset
+    probe: list[probe.ProbeResult]
+    probe_time_s: float
+    plan: Plan
+    state: dict | None = None          # the checkpoint state resumed from
+    emulation: Emulation | None = None
+    model: Any = None
+    optimizer: Any = None
+    checkpointer: Checkpointer | None = None
+    train_xy: tuple | None = None
+    epochs: list[dict] = field(default_factory=list)
+    sparse_steps: list[dict] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        self.first_plan = self.plan
+        self.start_epoch = self.state["epoch"] if self.state else 0
+
+    @property
+    def aggregation(self):
+        """The hetgrad optimizer's aggregation (None for the Horovod baselines)."""
+        return getattr(self.optimizer, "hetgrad", None)
+
+    @property
+    def reducer(self):
+        return self.aggregation.reducer if self.aggregation is not None else None
+
+
+def build_job(cfg: TrainConfig) -> Job:
+    """Check ``cfg``, start MPI/Horovod, load data, probe (or reuse a probe), plan, build and
+    compile the model, restore a checkpoint when resuming."""
+    cfg.check()
+    comm = init()
+    device = configure_tf(cfg.threads, cfg.device)
+    data = data_mod.load(cfg.data).shuffled(cfg.seed)
+    state = read_state(cfg.resume) if cfg.resume else None
+    if state and state["epoch"] >= cfg.epochs:
+        raise ConfigError(f"the checkpoint is at epoch {state['epoch']}; ask for more epochs",
+                          field="epochs")
+    emulation = emulation_of(cfg, comm)
+    t0 = time.perf_counter()
+    probed = measure_ranks(cfg, comm, data, device, state, emulation)
+    probe_time = time.perf_counter() - t0
+    plan = Plan(**state["plan"]) if state else choose_plan(cfg, comm.Get_size(),
+                                                           len(data.y_train), probed)
+    job = Job(cfg, comm, device, data, probed, probe_time, plan, state, emulation)
+    with tf.device("/CPU:0"):  # captured by every epoch's input pipeline, not copied into it
+        job.train_xy = (tf.constant(data.x_train), tf.constant(data.y_train))
+    with tf.device(device):
+        job.model, job.optimizer = _compile(job)
+    job.checkpointer = Checkpointer(cfg.checkpoint_dir or cfg.resume, job.model, job.optimizer,
+                                    job.rank, every=cfg.checkpoint_every,
+                                    state={"probe": [asdict(p) for p in probed]})
+    if state:
+        job.checkpointer.restore(state)
+        if job.reducer is not None and job.reducer.state_dict():
+            job.reducer.load_state_dict(job.checkpointer.rank_state(state))
+    return job
+
+
+def emulation_of(cfg: TrainConfig, comm) -> Emulation | None:
+    """The emulated-speed action of ``--emulate-speeds`` (None without it)."""
+    if not cfg.emulate_speeds:
+        return None
+    schedule = parse_schedule(cfg.emulate_speeds, comm.Get_size())
+    return Emulation(schedule, SpeedEmulator(schedule[0][comm.Get_rank()], cfg.emulate_unit))
+
+
+def measure_ranks(cfg: TrainConfig, comm, data, device: str, state: dict | None = None,
+                  emulation: Emulation | None = None) -> list[probe.ProbeResult]:
+    """The resumed run's probe (same shards), a saved probe, or a fresh one on every rank."""
+    if state:
+        return [probe.ProbeResult(**d) for d in state["probe"]]
+    if cfg.probe_file:
+        return probe.load(cfg.probe_file, world_size=comm.Get_size())
+    with tf.device(device):
+        return probe.run_probe(
+            comm, lambda: models.build(cfg.model, data.input_shape, data.num_classes),
+            data.input_shape, data.num_classes, device=device, batch=cfg.probe_batch,
+            steps=cfg.probe_steps, timeout=cfg.probe_timeout,
+            before_step=emulation.emulator.pause if emulation else None)
+
+
+def choose_plan(cfg: TrainConfig, size: int, n_train: int, probed: list) -> Plan:
+    """The plan file if given, else equal batches (mode equal), else speeds -> partitioner."""
+    if cfg.plan:
+        plan = Plan.load(cfg.plan, world_size=size)
+        if plan.dataset_size != n_train:
+            raise ConfigError(f"plan file {cfg.plan} is for {plan.dataset_size} samples, the "
+                              f"data has {n_train}", field="plan")
+        return plan
+    if cfg.mode == "equal":
+        if cfg.global_batch % size:
+            raise ConfigError(f"mode equal needs a global batch divisible by {size} ranks",
+                              field="global_batch")
+        return equal_plan(size, cfg.global_batch, n_train)
+    if cfg.speeds is not None and len(cfg.speeds) != size:
+        raise ConfigError(f"{len(cfg.speeds)} speeds for {size} ranks", field="speeds")
+    speeds = cfg.speeds if cfg.speeds is not None else [r.samples_per_s for r in probed]
+    return make_plan(speeds, cfg.global_batch, n_train, min_batch=cfg.min_batch,
+                     max_batch=cfg.max_batch)
+
+
+def base_optimizer(cfg: TrainConfig):
+    if cfg.optimizer == "adam":
+        return keras.optimizers.Adam(cfg.lr)
+    return keras.optimizers.SGD(cfg.lr, momentum=0.9)
+
+
+def _compile(job: Job):
+    """The model and its optimizer: hetgrad's (dense or sparse reducer) or Horovod's average
+    for the baselines."""
+    import horovod.tensorflow as hvd
+    cfg = job.cfg
+    model = models.build(cfg.model, job.data.input_shape, job.data.num_classes, seed=cfg.seed)
+    if cfg.mode != "weighted":
+        opt = horovod_keras().DistributedOptimizer(base_optimizer(cfg), op=hvd.Average)
+    else:
+        reducer = None if not cfg.sparsify else SparseReducer(
+            job.comm, [v.shape.num_elements() for v in model.trainable_variables],
+            policy=cfg.sparsify, density=cfg.density, exchange=cfg.exchange,
+            dense_below=cfg.dense_below)
+        opt = DistributedOptimizer(base_optimizer(cfg), weight=cfg.weighting, plan=job.plan,
+                                   rank=job.rank, reducer=reducer,
+                                   check_finite=cfg.on_nonfinite == "abort")
+    model.compile(optimizer=opt, metrics=["accuracy"],
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    if cfg.mode == "weighted" and cfg.weighting == "samples":
+        count_samples(model)
+    return model, opt
+
+
+def default_actions(job: Job) -> list[Action]:
+    """Emulation (if asked), evaluation, balance measurement/rebalancing, sparse statistics,
+    checkpoints -- in the order they must see each epoch's end."""
+    cfg, verbose = job.cfg, not job.cfg.quiet
+    actions: list[Action] = [job.emulation] if job.emulation else []
+    test = tf.data.Dataset.from_tensor_slices((job.data.x_test, job.data.y_test)).batch(512)
+    actions.append(Evaluation(test, verbose))
+    if job.aggregation is not None:  # measures every epoch; re-plans only with --rebalance
+        actions.append(Balance(Rebalancer(job.comm,
+                                          threshold=cfg.rebalance_threshold if cfg.rebalance
+                                          else None,
+                                          min_batch=cfg.min_batch, max_batch=cfg.max_batch),
+                               verbose))
+    if isinstance(job.reducer, SparseReducer):
+        actions.append(SparseStats(job.reducer))
+    actions.append(Checkpointing(job.checkpointer, job.reducer))
+    return actions
+
+
+def finish(job: Job, wall_time_s: float, balance: list[dict]) -> dict:
+    """Gather every rank's epoch times (and sparse bytes); rank 0 builds the record, writes
+    ``cfg.out`` and returns it, the other ranks return ``{}``."""
+    times = job.comm.gather([row["time_s"] for row in job.epochs], root=0)
+    sparse = isinstance(job.reducer, SparseReducer)
+    nbytes = job.comm.gather(sparse_bytes(job.sparse_steps) if sparse else None, root=0)
+    if job.rank != 0:
+        return {}
+    record = build_record(
+        config=job.cfg.to_dict(), world_size=job.size, device=job.device,
+        probe=[asdict(p) for p in job.probe], probe_time_s=job.probe_time_s,
+        first_plan=job.first_plan, final_plan=job.plan, epochs=job.epochs,
+        wall_time_s=wall_time_s, per_rank_epoch_times_s=times, balance=balance,
+        sparse_steps=job.sparse_steps if sparse else None,
+        sparse_bytes_per_rank=nbytes if sparse else None)
+    write_json(record, job.cfg.out)
+    if not job.cfg.quiet:
+        print(f"hetgrad: final test accuracy {record['final_test_accuracy']:.4f}, "
+              f"{record['samples_per_s']:.0f} samples/s "
+              f"({100 * record['throughput_efficiency']:.0f}% of the probed ideal), "
+              f"record -> {job.cfg.out}", flush=True)
+    return record
+
+
+def _announce(job: Job) -> None:
+    if job.rank != 0 or job.cfg.quiet:
+        return
+    plan = job.plan
+    print(f"hetgrad: {job.size} ranks, mode {job.cfg.mode}, probe samples/s "
+          f"{[round(p.samples_per_s) for p in job.probe]}", flush=True)
+    print(f"hetgrad: plan batches {plan.batches} (B={plan.global_batch}), shards "
+          f"{plan.shard_sizes}, {plan.steps_per_epoch} steps/epoch"
+          + (f", {plan.dropped} samples dropped" if plan.dropped else ""), flush=True)
+
+
+def train(cfg: TrainConfig) -> dict:
+    """Run one training job on the current MPI world; rank 0 writes and returns the record."""
+    job = build_job(cfg)
+    _announce(job)
+    actions = default_actions(job)
+    wall = run_epochs(job, actions)
+    balance = next((a.rebalancer.records() for a in actions if isinstance(a, Balance)), [])
+    return finish(job, wall, balance)
