@@ -57,7 +57,7 @@ def load_npz(path: str | Path, *, field: str = "data") -> Dataset:
             missing = [k for k in NPZ_KEYS if k not in f.files]
             if missing:
                 raise InputFileError(f"{path} lacks arrays {missing} (needs {list(NPZ_KEYS)})",
-                                   field=field)
+                                     field=field)
             arrays = {k: f[k] for k in NPZ_KEYS}
     except InputFileError:
         raise
@@ -66,14 +66,14 @@ def load_npz(path: str | Path, *, field: str = "data") -> Dataset:
     for split in ("train", "test"):
         if len(arrays[f"x_{split}"]) != len(arrays[f"y_{split}"]):
             raise InputFileError(f"{path}: x_{split} and y_{split} have different lengths",
-                               field=field)
+                                 field=field)
     if len(arrays["y_train"]) == 0:
         raise InputFileError(f"{path}: x_train is empty", field=field)
     for key in ("x_train", "x_test"):
         x = arrays[key]
         if np.issubdtype(x.dtype, np.floating) and not np.isfinite(x).all():
             raise InputFileError(f"{path}: {key} holds {int(np.size(x) - np.isfinite(x).sum())} "
-                               "NaN/Inf values", field=field)
+                                 "NaN/Inf values", field=field)
     return _prepare(path.stem, arrays)
 
 
@@ -109,5 +109,5 @@ def load(spec: str) -> Dataset:
         return synthetic()
     if not Path(spec).exists():
         raise InputFileError(f"no such dataset or file: {spec!r} (use digits, synthetic or a .npz path)",
-                           field="data")
+                             field="data")
     return load_npz(spec)

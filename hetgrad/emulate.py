@@ -25,7 +25,7 @@ def parse_schedule(spec: str, world_size: int, field: str = "emulate_speeds") ->
             speeds = [float(v) for v in speeds_s.split(",")]
         except ValueError:
             raise ConfigError(f"cannot parse {part!r}; expected e.g. 1,2,4 or 3:1,0.5,4",
-                               field=field) from None
+                              field=field) from None
         if i == 0 and epoch != 0:
             raise ConfigError("the first entry applies from epoch 0; give it without 'E:'", field=field)
         if len(speeds) != world_size:

@@ -89,7 +89,7 @@ def _check_speeds(speeds: Sequence[float]) -> list[float]:
         s = float(s)
         if not math.isfinite(s) or s <= 0:
             raise ConfigError(f"speed of rank {r} is {s!r}; speeds must be finite and > 0",
-                               field="speeds")
+                              field="speeds")
         out.append(s)
     if not out:
         raise ConfigError("no speeds given", field="speeds")
@@ -147,6 +147,27 @@ def _round_preserving_sum(shares: Sequence[float], total: int, lo: Sequence[int]
     return ints
 
 
+def _caps(max_batch: Sequence[int] | int | None, p: int, min_batch: int,
+          global_batch: int) -> list[int]:
+    """Per-rank batch caps from one cap for all, one per rank, or none (``global_batch``)."""
+    if max_batch is None:
+        caps = [global_batch] * p
+    elif isinstance(max_batch, int):
+        caps = [max_batch] * p
+    else:
+        caps = [int(c) for c in max_batch]
+        if len(caps) != p:
+            raise ConfigError(f"{len(caps)} caps given for {p} ranks", field="max_batch")
+    for r, c in enumerate(caps):
+        if c < min_batch:
+            raise ConfigError(f"cap {c} of rank {r} is below min batch {min_batch}",
+                              field="max_batch")
+    if sum(caps) < global_batch:
+        raise ConfigError(f"per-rank caps sum to {sum(caps)} < global batch {global_batch}",
+                          field="max_batch")
+    return caps
+
+
 def make_plan(speeds: Sequence[float], global_batch: int, dataset_size: int, *,
               min_batch: int = 1, max_batch: Sequence[int] | int | None = None) -> Plan:
     """Give each rank a batch proportional to its speed and a shard with equal steps per epoch.
@@ -161,31 +182,17 @@ def make_plan(speeds: Sequence[float], global_batch: int, dataset_size: int, *,
     p = len(speeds)
     if int(global_batch) != global_batch or global_batch <= 0:
         raise ConfigError(f"global batch must be a positive integer, got {global_batch!r}",
-                           field="global_batch")
+                          field="global_batch")
     if min_batch < 1:
         raise ConfigError(f"min batch must be >= 1, got {min_batch}", field="min_batch")
     if global_batch < p * min_batch:
         raise ConfigError(
             f"global batch {global_batch} < {p} ranks x min batch {min_batch}",
             field="global_batch")
-    if max_batch is None:
-        caps = [global_batch] * p
-    elif isinstance(max_batch, int):
-        caps = [max_batch] * p
-    else:
-        caps = [int(c) for c in max_batch]
-        if len(caps) != p:
-            raise ConfigError(f"{len(caps)} caps given for {p} ranks", field="max_batch")
-    for r, c in enumerate(caps):
-        if c < min_batch:
-            raise ConfigError(f"cap {c} of rank {r} is below min batch {min_batch}",
-                               field="max_batch")
-    if sum(caps) < global_batch:
-        raise ConfigError(f"per-rank caps sum to {sum(caps)} < global batch {global_batch}",
-                           field="max_batch")
+    caps = _caps(max_batch, p, min_batch, global_batch)
     if dataset_size < global_batch:
         raise ConfigError(f"dataset has {dataset_size} samples, fewer than the global batch "
-                           f"{global_batch}", field="global_batch")
+                          f"{global_batch}", field="global_batch")
 
     shares = _bounded_shares(global_batch, speeds, [min_batch] * p, caps)
     batches = _round_preserving_sum(shares, global_batch, [min_batch] * p, caps)

@@ -101,5 +101,5 @@ def load(path: str | Path, world_size: int | None = None) -> list[ProbeResult]:
         raise InputFileError(f"cannot read probe file {path}: {exc}", field="probe_file") from None
     if world_size is not None and len(results) != world_size:
         raise InputFileError(f"probe file {path} has {len(results)} ranks, job has {world_size}",
-                           field="probe_file")
+                             field="probe_file")
     return results

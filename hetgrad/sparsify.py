@@ -163,10 +163,10 @@ class SparseExchanger:
                  exchange: str = "union", momentum: float = 0.0, **policy_args):
         if policy not in POLICIES:
             raise ConfigError(f"unknown policy {policy!r}; choose from {sorted(POLICIES)}",
-                               field="sparsify")
+                              field="sparsify")
         if exchange not in EXCHANGES:
             raise ConfigError(f"unknown exchange {exchange!r}; choose from {EXCHANGES}",
-                               field="exchange")
+                              field="exchange")
         if not 0.0 < density <= 1.0:
             raise ConfigError(f"density must be in (0, 1], got {density}", field="density")
         self.comm = comm
@@ -189,8 +189,8 @@ class SparseExchanger:
         """Continue from :meth:`state_dict` (bit for bit)."""
         if d["residual"].shape != self.memory.residual.shape:
             raise InputFileError(f"checkpointed residual has {d['residual'].size} entries, the "
-                               f"model's sparse tensors {self.memory.residual.size}",
-                               field="resume")
+                                 f"model's sparse tensors {self.memory.residual.size}",
+                                 field="resume")
         self.memory.residual = np.array(d["residual"], np.float32)
         if self.memory.velocity is not None:
             self.memory.velocity = np.array(d["velocity"], np.float32)
