@@ -60,12 +60,12 @@ class SpeedEmulator:
     def pause(self, n: int) -> None:
         time.sleep(n * self.unit_s / self.speed)
 
-    def callback(self, batch_size: Callable[[int], int]) -> "tf.keras.callbacks.Callback":
+    def callback(self, batch_size: Callable[[int], int]):
         """Keras callback pausing before batch ``i`` of ``batch_size(i)`` samples."""
-        import tensorflow as tf
+        from .compat import keras
         emulator = self
 
-        class Emulate(tf.keras.callbacks.Callback):
+        class Emulate(keras.callbacks.Callback):
             def on_train_batch_begin(self, batch, logs=None):
                 emulator.pause(batch_size(batch))
 

@@ -15,15 +15,20 @@ def _tmp_of(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp{os.getpid()}")
 
 
-def write_json(obj, path: str | os.PathLike) -> None:
-    """Write ``obj`` as indented JSON to ``path`` through a temporary file and a rename."""
+def write_text(text: str, path: str | os.PathLike) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename."""
     path = Path(path)
     tmp = _tmp_of(path)
     try:
-        tmp.write_text(json.dumps(obj, indent=2))
+        tmp.write_text(text)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def write_json(obj, path: str | os.PathLike) -> None:
+    """Write ``obj`` as indented JSON to ``path`` atomically."""
+    write_text(json.dumps(obj, indent=2), path)
 
 
 def write_npz(path: str | os.PathLike, *args: np.ndarray, **arrays: np.ndarray) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import InputFileError
-from .io import read_json, write_json
+from .io import read_json, write_json, write_text
 
 
 def load_runs(paths) -> list[dict]:
@@ -128,6 +128,6 @@ def report(paths, out_dir: str | Path) -> tuple[str, list[Path]]:
     out.mkdir(parents=True, exist_ok=True)
     rows = summarize(runs)
     md = markdown(rows)
-    (out / "table.md").write_text(md)
+    write_text(md, out / "table.md")
     write_json(rows, out / "summary.json")
     return md, plots(runs, out)

@@ -221,9 +221,10 @@ def _announce(job: Job) -> None:
           + (f", {plan.dropped} samples dropped" if plan.dropped else ""), flush=True)
 
 
-def train(cfg: TrainConfig) -> dict:
-    """Run one training job on the current MPI world; rank 0 writes and returns the record."""
-    job = build_job(cfg)
+def train(cfg: TrainConfig | None = None, **settings) -> dict:
+    """Run one training job on the current MPI world (``cfg``, or ``TrainConfig(**settings)``);
+    rank 0 writes and returns the record."""
+    job = build_job(cfg if cfg is not None else TrainConfig(**settings))
     _announce(job)
     actions = default_actions(job)
     wall = run_epochs(job, actions)
