@@ -66,16 +66,23 @@ class PlanWeight:
         return tf.where(final, self.last, self.full)
 
 
+NO_COUNT = ("hetgrad: weight='samples' needs each step's batch size: pass a "
+            "hetgrad.keras.callbacks callback to fit, or call hetgrad.keras.count_samples(model)")
+
+
 class SampleWeight:
     """``n_i / sum_j n_j`` from the samples this step holds (``count`` is set by the train
-    step, see :func:`hetgrad.keras.count_samples`); one scalar allreduce per step."""
+    step, see :func:`hetgrad.keras.count_samples`); one scalar allreduce per step. A step
+    with no count recorded fails with :data:`NO_COUNT` (never a silent 0/0)."""
 
     def __init__(self, name: str = "hetgrad"):
         self.count = tf.Variable(0, dtype=tf.int32, trainable=False, name="hetgrad_local_count")
         self.name = name
 
     def __call__(self) -> tf.Tensor:
-        n = tf.cast(tf.reshape(self.count, [1]), tf.float32)
+        check = tf.debugging.assert_positive(self.count, message=NO_COUNT)
+        with tf.control_dependencies([check]):
+            n = tf.cast(tf.reshape(self.count, [1]), tf.float32)
         total = hvd.allreduce(n, op=hvd.Sum, name=f"{self.name}.count")
         return (n / total)[0]
 

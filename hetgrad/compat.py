@@ -28,6 +28,32 @@ def is_legacy_optimizer(optimizer) -> bool:
     return not KERAS3 and legacy is not None and isinstance(optimizer, legacy.Optimizer)
 
 
+def is_loss_scale_optimizer(optimizer) -> bool:
+    """A mixed-precision ``LossScaleOptimizer`` (it skips non-finite steps itself)."""
+    classes = (getattr(keras.optimizers, "LossScaleOptimizer", None),
+               getattr(getattr(keras, "mixed_precision", None), "LossScaleOptimizer", None))
+    return any(c is not None and isinstance(optimizer, c) for c in classes)
+
+
+def tf_variables(variables) -> list[tf.Variable]:
+    """The ``tf.Variable`` behind each Keras variable (Keras 3 wraps them)."""
+    if not KERAS3:
+        return list(variables)
+    return [v if isinstance(v, tf.Variable) else v.value for v in variables]
+
+
+def learning_rate(optimizer) -> float:
+    return float(tf.convert_to_tensor(optimizer.learning_rate))
+
+
+def set_learning_rate(optimizer, value: float) -> None:
+    """Set a constant learning rate (a schedule object cannot be set)."""
+    lr = optimizer.learning_rate
+    if not hasattr(lr, "assign"):
+        raise ValueError("the optimizer's learning rate is a schedule, not a variable")
+    lr.assign(value)
+
+
 def require_keras2(what: str) -> None:
     """Refuse loudly where a feature would otherwise silently not aggregate under Keras 3."""
     if KERAS3:

@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING
 
 import tensorflow as tf
 
-from .compat import horovod_keras, keras
+from .compat import keras
 from .errors import NonFiniteGradientError
-from .keras import NONFINITE, WeightedMetricAverageCallback
+from .keras import NONFINITE, callbacks as hk_callbacks
 from .pipeline import epoch_batches
 
 if TYPE_CHECKING:
@@ -29,7 +29,7 @@ class _EpochClock(keras.callbacks.Callback):
 
 def run_epochs(job: "Job", actions: "list[Action]") -> float:
     """Train from ``job.start_epoch`` to ``cfg.epochs``; returns the wall time."""
-    broadcast = horovod_keras().callbacks.BroadcastGlobalVariablesCallback(0)  # once, 1st step
+    broadcast = hk_callbacks.BroadcastGlobalVariablesCallback(0)  # once, at the start
     t0 = time.perf_counter()
     for epoch in range(job.start_epoch, job.cfg.epochs):
         for action in actions:
@@ -47,7 +47,7 @@ def _fit_epoch(job: "Job", epoch: int, callbacks: list) -> dict:
     """One ``model.fit`` epoch on the plan in effect; the epoch's row (metrics over all ranks)."""
     clock = _EpochClock()
     batches = epoch_batches(job.train_xy, job.plan, job.rank, job.cfg.seed, epoch)
-    metrics = WeightedMetricAverageCallback(job.plan.shard_sizes[job.rank])
+    metrics = hk_callbacks.MetricAverageCallback(job.plan.shard_sizes[job.rank])
     try:
         with tf.device(job.device):
             history = job.model.fit(batches, epochs=epoch + 1, initial_epoch=epoch,

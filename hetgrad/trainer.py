@@ -9,12 +9,14 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 from . import data as data_mod, models, probe
 from .actions import Action, Balance, Checkpointing, Emulation, Evaluation, SparseStats
 from .checkpoint import Checkpointer, read_state
-from .compat import horovod_keras, keras
+from . import compat
+from .compat import keras
 from .config import TrainConfig
 from .emulate import SpeedEmulator, parse_schedule
 from .errors import ConfigError
@@ -144,17 +146,25 @@ def base_optimizer(cfg: TrainConfig):
     return keras.optimizers.SGD(cfg.lr, momentum=0.9)
 
 
+def baseline_optimizer(optimizer, size: int):
+    """Horovod's plain average of the ranks' gradients: its own Keras optimizer where that
+    aggregates (Keras 2), else hetgrad's with the equal share ``1 / size`` (the same sum)."""
+    if compat.KERAS3:
+        return DistributedOptimizer(optimizer, weight=1.0 / size, check_finite=False)
+    import horovod.tensorflow as hvd
+    return compat.horovod_keras().DistributedOptimizer(optimizer, op=hvd.Average)
+
+
 def _compile(job: Job):
     """The model and its optimizer: hetgrad's (dense or sparse reducer) or Horovod's average
     for the baselines."""
-    import horovod.tensorflow as hvd
     cfg = job.cfg
     model = models.build(cfg.model, job.data.input_shape, job.data.num_classes, seed=cfg.seed)
     if cfg.mode != "weighted":
-        opt = horovod_keras().DistributedOptimizer(base_optimizer(cfg), op=hvd.Average)
+        opt = baseline_optimizer(base_optimizer(cfg), job.size)
     else:
         reducer = None if not cfg.sparsify else SparseReducer(
-            job.comm, [v.shape.num_elements() for v in model.trainable_variables],
+            job.comm, [int(np.prod(v.shape)) for v in model.trainable_variables],
             policy=cfg.sparsify, density=cfg.density, exchange=cfg.exchange,
             dense_below=cfg.dense_below)
         opt = DistributedOptimizer(base_optimizer(cfg), weight=cfg.weighting, plan=job.plan,

@@ -9,10 +9,10 @@ import sys
 
 import numpy as np
 import horovod.tensorflow as hvd
-import horovod.tensorflow.keras as hvd_keras
 import tensorflow as tf
 
 import hetgrad.keras as hk
+from hetgrad import compat
 from hetgrad.partition import Plan
 
 hvd.init()
@@ -44,20 +44,39 @@ def embedding_model():
     return tf.keras.Model(inp, tf.keras.layers.Dense(3)(h))
 
 
-def step(build, opt, x, y, counted=False, legacy_sgd=False):
+def step(build, opt, x, y, counted=False, fit=False):
+    """Weights after one step: ``train_on_batch``, or ``fit`` with hetgrad's callbacks."""
     model = build()
     model.compile(optimizer=opt, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     if counted:
         hk.count_samples(model)
-    model.train_on_batch(x, y)
+    if fit:
+        model.fit(x, y, batch_size=len(y), epochs=1, verbose=0, shuffle=False,
+                  callbacks=[hk.callbacks.BroadcastGlobalVariablesCallback(0)])
+    else:
+        model.train_on_batch(x, y)
     return np.concatenate([w.ravel() for w in model.get_weights()])
 
 
+def horovod_average():
+    """Horovod's plain average: its own optimizer where it aggregates (Keras 2); under Keras 3
+    it silently does not, so the same sum with equal shares through hetgrad."""
+    if compat.KERAS3:
+        return hk.DistributedOptimizer(sgd(), weight=1.0 / size)
+    import horovod.tensorflow.keras as hvd_keras
+    return hvd_keras.DistributedOptimizer(sgd(), op=hvd.Average)
+
+
 sgd = lambda: tf.keras.optimizers.SGD(0.5)  # noqa: E731
-results = {}
+results = {"flavour": compat.FLAVOUR}
 for name, build, x in (("dense", dense_model, X), ("embedding", embedding_model, TOKENS)):
     ref = step(build, sgd(), x, Y)  # one process, concatenated batch
     w = BATCHES[rank] / B
+    # no aggregation at all: what a silently skipped allreduce gives
+    results[f"{name}_local"] = step(build, sgd(), x[mine], Y[mine])
+    # the one-line switch: no weight, no count_samples call, model.fit with a hetgrad callback
+    results[f"{name}_default"] = step(build, hk.DistributedOptimizer(sgd()), x[mine], Y[mine],
+                                      fit=True)
     results[f"{name}_plan"] = step(build, hk.DistributedOptimizer(sgd(), weight=w), x[mine], Y[mine])
     results[f"{name}_samples"] = step(build, hk.DistributedOptimizer(sgd(), weight="samples"),
                                       x[mine], Y[mine], counted=True)
@@ -66,13 +85,13 @@ for name, build, x in (("dense", dense_model, X), ("embedding", embedding_model,
                      shard_sizes=[2 * b for b in BATCHES], steps_per_epoch=2)
     results[f"{name}_planobj"] = step(
         build, hk.DistributedOptimizer(sgd(), weight="plan", plan=two_steps), x[mine], Y[mine])
-    results[f"{name}_legacy"] = step(
-        build, hk.DistributedOptimizer(tf.keras.optimizers.legacy.SGD(0.5), weight=w),
-        x[mine], Y[mine])
-    results[f"{name}_horovod_avg"] = step(
-        build, hvd_keras.DistributedOptimizer(sgd(), op=hvd.Average), x[mine], Y[mine])
+    if not compat.KERAS3:  # Keras 2's OptimizerV2 family
+        results[f"{name}_legacy"] = step(
+            build, hk.DistributedOptimizer(tf.keras.optimizers.legacy.SGD(0.5), weight=w),
+            x[mine], Y[mine])
+    results[f"{name}_horovod_avg"] = step(build, horovod_average(), x[mine], Y[mine])
     results[f"{name}_initial"] = np.concatenate([v.ravel() for v in build().get_weights()])
-    for key in [k for k in results if k.startswith(name) and not isinstance(results[k], float)]:
+    for key in [k for k in results if k.startswith(name) and isinstance(results[k], np.ndarray)]:
         if key.endswith("_initial"):
             continue
         results[key] = float(np.max(np.abs(results[key] - ref)))

@@ -1,0 +1,95 @@
+"""Keras drop-ins, used like ``horovod.tensorflow.keras`` (``import hetgrad.keras as hvd``)::
+
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1))          # weight="samples"
+    model.compile(optimizer=opt, loss=...)
+    model.fit(ds, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                             hvd.callbacks.MetricAverageCallback()])
+
+Works on every Keras flavour hetgrad supports (:mod:`hetgrad.compat`), on Horovod's
+``horovod.tensorflow`` collectives only. The aggregation itself (weights, exchange, finite
+check, timers) is :mod:`hetgrad.aggregate`; :mod:`.optimizer` hooks it into the optimizer.
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+from horovod.tensorflow import (Average, Compression, Sum, allgather, allreduce, broadcast,
+                                broadcast_variables, init, is_initialized, local_rank,
+                                local_size, rank, shutdown, size)
+
+from .. import compat
+from ..aggregate import NONFINITE, Aggregation, FixedWeight, PlanWeight, SampleWeight
+from . import callbacks
+from .optimizer import DistributedOptimizer
+
+__all__ = ["DistributedOptimizer", "set_plan", "count_samples", "aggregation_of", "callbacks",
+           "load_model", "NONFINITE", "init", "is_initialized", "shutdown", "rank", "size",
+           "local_rank", "local_size", "allreduce", "allgather", "broadcast",
+           "broadcast_variables", "Compression", "Average", "Sum",
+           "BroadcastGlobalVariablesCallback", "WeightedMetricAverageCallback"]
+
+# the names Horovod users import from the module itself
+BroadcastGlobalVariablesCallback = callbacks.BroadcastGlobalVariablesCallback
+WeightedMetricAverageCallback = callbacks.MetricAverageCallback
+
+
+def aggregation_of(optimizer) -> Aggregation:
+    """The :class:`~hetgrad.aggregate.Aggregation` of a hetgrad optimizer."""
+    agg = getattr(optimizer, "hetgrad", None)
+    if not isinstance(agg, Aggregation):
+        raise ValueError("not a hetgrad DistributedOptimizer")
+    return agg
+
+
+def set_plan(optimizer, plan) -> None:
+    """Use ``plan``'s shares from the next step on (after a re-partition between epochs).
+
+    A no-op for ``weight="samples"`` (it counts whatever arrives); a fixed float share cannot
+    follow a new plan and raises."""
+    weight = aggregation_of(optimizer).weight
+    if isinstance(weight, PlanWeight):
+        weight.update(plan)
+    elif isinstance(weight, FixedWeight):
+        raise ValueError("a fixed float weight cannot follow a new plan; use weight='plan'")
+
+
+def count_samples(model) -> None:
+    """Make each train step record its batch size: for ``weight="samples"`` and for the
+    sample-weighted metric average. Idempotent; hetgrad's callbacks call it in ``fit``."""
+    if getattr(model, "_hetgrad_counted", False):
+        return
+    weight = getattr(getattr(model.optimizer, "hetgrad", None), "weight", None)
+    epoch_samples = callbacks.epoch_samples(model)
+    inner = model.train_step
+
+    def train_step(data):
+        x = data[0] if isinstance(data, (tuple, list)) else data
+        n = tf.shape(next(t for t in tf.nest.flatten(x) if t is not None))[0]
+        if isinstance(weight, SampleWeight):
+            weight.count.assign(n)
+        epoch_samples.assign_add(tf.cast(n, epoch_samples.dtype))
+        return inner(data)
+
+    model.train_step = train_step
+    model.train_function = None  # rebuild with the new step
+    model._hetgrad_counted = True
+
+
+def load_model(filepath, *, custom_objects: dict | None = None, compile: bool = True,
+               **optimizer_args):
+    """``keras.models.load_model`` for a model saved with a hetgrad optimizer: the optimizer
+    comes back wrapped again (``optimizer_args`` as for :func:`DistributedOptimizer`)."""
+    objects = dict(custom_objects or {})
+    for name in dir(compat.keras.optimizers):
+        base = getattr(compat.keras.optimizers, name)
+        if isinstance(base, type) and issubclass(base, compat.keras.optimizers.Optimizer):
+            objects.setdefault(f"HetgradDistributed{base.__name__}",
+                               _rewrapping(base, optimizer_args))
+    return compat.keras.models.load_model(filepath, custom_objects=objects, compile=compile)
+
+
+def _rewrapping(base: type, optimizer_args: dict) -> type:
+    """A class whose ``from_config`` builds ``base`` from a saved config and wraps it."""
+    def from_config(cls, config, custom_objects=None):
+        return DistributedOptimizer(base.from_config(config), **optimizer_args)
+    return type(f"HetgradDistributed{base.__name__}", (base,),
+                {"from_config": classmethod(from_config)})

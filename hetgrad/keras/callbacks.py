@@ -1,0 +1,148 @@
+"""Keras callbacks, named like ``horovod.tensorflow.keras.callbacks`` and right under unequal
+batches: the metric average is weighted by samples, and every callback makes the train step
+record its batch size (what ``weight="samples"`` needs), so no extra call is required in
+``fit``. Built on ``horovod.tensorflow`` collectives, so they work on every Keras flavour."""
+from __future__ import annotations
+
+from typing import Callable
+
+import horovod.tensorflow as hvd
+import tensorflow as tf
+
+from .. import compat
+
+keras = compat.keras
+
+
+class _EpochSamples:
+    """A plain holder, so Keras does not track the variable as one of the model's weights."""
+
+    def __init__(self):
+        self.var = tf.Variable(0.0, dtype=tf.float64, trainable=False,
+                               name="hetgrad_epoch_samples")
+
+
+def epoch_samples(model) -> tf.Variable:
+    """The model's running count of samples trained this epoch (created on first use)."""
+    if getattr(model, "_hetgrad_epoch_samples", None) is None:
+        model._hetgrad_epoch_samples = _EpochSamples()
+    return model._hetgrad_epoch_samples.var
+
+
+class _Counting(keras.callbacks.Callback):
+    """Installs :func:`hetgrad.keras.count_samples` on the model it is given."""
+
+    def set_model(self, model):
+        super().set_model(model)
+        from . import count_samples
+        count_samples(model)
+
+
+class BroadcastGlobalVariablesCallback(_Counting):
+    """Make every rank start from ``root_rank``'s state: its model weights before the first
+    step, and model + optimizer variables (slots exist by then) after the first step."""
+
+    def __init__(self, root_rank: int = 0):
+        super().__init__()
+        self.root_rank = root_rank
+        self.done = False
+
+    def _broadcast(self, variables) -> None:
+        hvd.broadcast_variables(compat.tf_variables(variables), root_rank=self.root_rank)
+
+    def on_train_begin(self, logs=None):
+        if not self.done and self.model.built:
+            self._broadcast(self.model.variables)
+
+    def on_train_batch_end(self, batch, logs=None):
+        if not self.done:
+            self._broadcast([*self.model.variables, *self.model.optimizer.variables])
+            self.done = True
+
+
+class MetricAverageCallback(_Counting):
+    """Epoch metrics averaged over ranks, weighted by each rank's samples in the epoch
+    (``sum_i m_i n_i / sum_i n_i``: the metric over all data; Horovod weights ranks equally).
+
+    ``samples``: this rank's samples per epoch (its shard size), or None to count them."""
+
+    def __init__(self, samples: int | None = None):
+        super().__init__()
+        self.samples = samples
+
+    def on_epoch_begin(self, epoch, logs=None):
+        epoch_samples(self.model).assign(0.0)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is None or hvd.size() == 1:
+            return
+        n = float(self.samples if self.samples is not None
+                  else epoch_samples(self.model).numpy())
+        keys = sorted(k for k in logs if not k.startswith("val_"))
+        local = tf.constant([float(logs[k]) * n for k in keys] + [n], tf.float64)
+        total = hvd.allreduce(local, op=hvd.Sum, name=f"hetgrad.metrics.{epoch}").numpy()
+        for k, v in zip(keys, total[:-1]):
+            logs[k] = float(v / total[-1])
+
+
+class LearningRateScheduleCallback(_Counting):
+    """``lr = initial_lr * multiplier(epoch)`` from ``start_epoch`` to ``end_epoch``
+    (exclusive); ``multiplier`` a function of the (fractional) epoch, or a number ``m`` for
+    ``m ** (epoch - start_epoch)``. ``staircase``: change once per epoch, else every step
+    (then ``steps_per_epoch`` is needed, or read from ``fit``)."""
+
+    def __init__(self, initial_lr: float, multiplier: Callable[[float], float] | float,
+                 start_epoch: int = 0, end_epoch: int | None = None, staircase: bool = True,
+                 steps_per_epoch: int | None = None):
+        super().__init__()
+        self.initial_lr = float(initial_lr)
+        self.multiplier = multiplier if callable(multiplier) else (
+            lambda epoch: multiplier ** (epoch - start_epoch))
+        self.start_epoch, self.end_epoch = start_epoch, end_epoch
+        self.staircase, self.steps_per_epoch = staircase, steps_per_epoch
+        self.epoch = 0
+
+    def on_train_begin(self, logs=None):
+        if not self.staircase and not self.steps_per_epoch:
+            self.steps_per_epoch = (self.params or {}).get("steps")
+            if not self.steps_per_epoch:
+                raise ValueError(f"{type(self).__name__}: give steps_per_epoch (fit did not "
+                                 "say how many steps an epoch has)")
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self.epoch < self.start_epoch or (self.end_epoch is not None
+                                             and self.epoch >= self.end_epoch):
+            return
+        if self.staircase and batch == 0:
+            compat.set_learning_rate(self.model.optimizer,
+                                     self.initial_lr * self.multiplier(self.epoch))
+        elif not self.staircase:
+            at = self.epoch + batch / self.steps_per_epoch
+            compat.set_learning_rate(self.model.optimizer, self.initial_lr * self.multiplier(at))
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None:
+            logs["lr"] = compat.learning_rate(self.model.optimizer)
+
+
+class LearningRateWarmupCallback(LearningRateScheduleCallback):
+    """Gradual warm-up (Goyal et al.): from ``initial_lr / size`` to ``initial_lr`` over
+    ``warmup_epochs``, adjusted every step, as Horovod's."""
+
+    def __init__(self, initial_lr: float, warmup_epochs: int = 5,
+                 steps_per_epoch: int | None = None, verbose: int = 0):
+        def multiplier(epoch: float) -> float:
+            epoch += 1.0 / self.steps_per_epoch  # reach round values at the ends of epochs
+            return (epoch * (hvd.size() - 1) / warmup_epochs + 1) / hvd.size()
+        super().__init__(initial_lr, multiplier, start_epoch=0, end_epoch=warmup_epochs,
+                         staircase=False, steps_per_epoch=steps_per_epoch)
+        self.verbose = verbose
+
+    def on_epoch_end(self, epoch, logs=None):
+        super().on_epoch_end(epoch, logs)
+        if epoch == self.end_epoch - 1 and self.verbose and hvd.rank() == 0:
+            print(f"Epoch {epoch + 1}: finished gradual learning rate warmup to "
+                  f"{compat.learning_rate(self.model.optimizer):g}.", flush=True)

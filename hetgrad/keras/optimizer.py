@@ -1,0 +1,153 @@
+"""``DistributedOptimizer``: hooks an :class:`~hetgrad.aggregate.Aggregation` into the
+optimizer class of the running Keras flavour.
+
+Where the flavour lets us, the backward pass is *seeded* with this rank's weight ``w_i``
+(free): Keras 2 through ``compute_gradients`` (``grad_loss`` for the legacy OptimizerV2), Keras
+3 through ``scale_loss``, which its train step applies inside the tape. Gradients that reach
+``apply_gradients``/``apply`` without that (a custom train step, ``LossScaleOptimizer`` around
+the wrapped optimizer) are weighted there instead, so no path skips the exchange.
+"""
+from __future__ import annotations
+
+import horovod.tensorflow as hvd
+import tensorflow as tf
+
+from .. import compat
+from ..aggregate import (Aggregation, DenseReducer, FixedWeight, PlanWeight, Reducer,
+                         SampleWeight)
+
+
+def _scaled(grads, w) -> list:
+    def scale(g):
+        if g is None:
+            return None
+        if isinstance(g, tf.IndexedSlices):
+            return tf.IndexedSlices(g.values * tf.cast(w, g.values.dtype), g.indices,
+                                    g.dense_shape)
+        return g * tf.cast(w, g.dtype)
+    return [scale(g) for g in grads]
+
+
+class _Hooked:
+    """What every flavour's mixin shares: one exchange per step, seeded or not. The flags
+    are Python state of the trace (set and cleared within one traced step)."""
+
+    hetgrad: Aggregation
+    _hetgrad_seeded = False  # this step's backward pass was seeded with w_i
+    _hetgrad_done = False    # this step's gradients were already exchanged (Keras 2)
+
+    def _hetgrad_reduce(self, grads) -> list:
+        seeded, self._hetgrad_seeded = self._hetgrad_seeded, False
+        if not seeded:
+            grads = _scaled(grads, self.hetgrad.local_weight())
+        return self.hetgrad.exchange(list(grads))
+
+
+class _Keras2(_Hooked):
+    """Keras 2.11+ optimizers: ``minimize`` calls ``compute_gradients`` then
+    ``apply_gradients``."""
+
+    def compute_gradients(self, loss, var_list, tape=None):
+        if not callable(loss) and tape is None:
+            raise ValueError("compute_gradients needs a tape when loss is a tensor")
+        tape = tape if tape is not None else tf.GradientTape()
+        if callable(loss):
+            with tape:
+                tape.watch(var_list)
+                loss = loss()
+        w = tf.cast(self.hetgrad.local_weight(), loss.dtype)
+        grads = tape.gradient(loss, var_list, output_gradients=tf.fill(tf.shape(loss), w))
+        self._hetgrad_seeded = True
+        grads = self._hetgrad_reduce(grads)
+        self._hetgrad_done = True  # apply_gradients gets exchanged gradients
+        return list(zip(grads, var_list))
+
+    def apply_gradients(self, grads_and_vars, *args, **kwargs):
+        grads_and_vars = list(grads_and_vars)
+        if not self._hetgrad_done:  # not from compute_gradients: a custom train step
+            grads = self._hetgrad_reduce([g for g, _ in grads_and_vars])
+            grads_and_vars = list(zip(grads, [v for _, v in grads_and_vars]))
+        self._hetgrad_done = False
+        return super().apply_gradients(grads_and_vars, *args, **kwargs)
+
+
+class _Keras2Legacy(_Keras2):
+    """Keras 2's ``optimizers.legacy.*`` (OptimizerV2): ``grad_loss`` seeds the pass."""
+
+    def _compute_gradients(self, loss, var_list, grad_loss=None, tape=None):
+        if grad_loss is not None:
+            raise ValueError("hetgrad's DistributedOptimizer sets grad_loss itself")
+        w = self.hetgrad.local_weight()
+        gv = super()._compute_gradients(loss, var_list, grad_loss=w, tape=tape)
+        self._hetgrad_seeded = True
+        grads = self._hetgrad_reduce([g for g, _ in gv])
+        self._hetgrad_done = True
+        return list(zip(grads, [v for _, v in gv]))
+
+
+class _Keras3(_Hooked):
+    """Keras 3 optimizers: the train step calls ``scale_loss`` inside the tape, then
+    ``apply_gradients`` -> ``apply``."""
+
+    def scale_loss(self, loss):
+        self._hetgrad_seeded = True
+        return super().scale_loss(loss) * tf.cast(self.hetgrad.local_weight(), loss.dtype)
+
+    def apply(self, grads, trainable_variables=None):
+        return super().apply(self._hetgrad_reduce(grads), trainable_variables)
+
+
+def _mixin(optimizer):
+    if compat.KERAS3:
+        return _Keras3
+    return _Keras2Legacy if compat.is_legacy_optimizer(optimizer) else _Keras2
+
+
+def _weight_of(weight, plan, rank: int | None, iterations, name: str):
+    if weight == "samples":
+        return SampleWeight(name)
+    if weight == "plan":
+        if plan is None:
+            raise ValueError("weight='plan' needs plan=")
+        return PlanWeight(plan, hvd.rank() if rank is None else rank, iterations)
+    if isinstance(weight, (int, float)) and not isinstance(weight, bool):
+        return FixedWeight(weight)
+    raise ValueError(f"weight must be a float share, 'plan' or 'samples', got {weight!r}")
+
+
+def DistributedOptimizer(optimizer, weight="samples", *, plan=None, rank: int | None = None,
+                         reducer: Reducer | None = None, compression=hvd.Compression.none,
+                         sparse_as_dense: bool = False, check_finite: bool | None = None,
+                         name: str | None = None):
+    """Wrap a Keras optimizer so gradients are combined as ``sum_i w_i g_i``.
+
+    ``weight``: ``"samples"`` (default) weights each rank by the samples of the step, exact
+    for any batch sizes, at one scalar allreduce per step (the batch size is recorded by
+    :func:`count_samples`, which hetgrad's callbacks install in ``fit``); ``"plan"`` with
+    ``plan=`` (and ``rank=``, default ``hvd.rank()``) uses the plan's exact per-step shares,
+    partial final step included, with no extra communication (:func:`set_plan` switches
+    plans); a float is a fixed share ``b_i / B``. ``reducer``: the exchange (default
+    :class:`~hetgrad.aggregate.DenseReducer` with ``compression`` and ``sparse_as_dense``).
+    ``check_finite`` (default on, off for a ``LossScaleOptimizer``, which skips non-finite
+    steps itself): a NaN/Inf in this rank's local gradients fails its step with
+    :data:`~hetgrad.aggregate.NONFINITE`. Returns a new optimizer of a subclass of
+    ``type(optimizer)`` built from its config, like Horovod's; its ``from_config`` keeps the
+    aggregation.
+    """
+    args = dict(weight=weight, plan=plan, rank=rank, reducer=reducer, compression=compression,
+                sparse_as_dense=sparse_as_dense, check_finite=check_finite, name=name)
+    base = type(optimizer)
+    cls = type(f"HetgradDistributed{base.__name__}", (_mixin(optimizer), base),
+               {"from_config": classmethod(
+                   lambda c, config, custom_objects=None:
+                   DistributedOptimizer(base.from_config(config), **args))})
+    opt = super(cls, cls).from_config(optimizer.get_config())  # base's from_config, as cls
+    name = name or "hetgrad"
+    if check_finite is None:
+        check_finite = not compat.is_loss_scale_optimizer(opt)
+    if reducer is None:
+        reducer = DenseReducer(compression=compression, sparse_as_dense=sparse_as_dense,
+                               name=name)
+    opt.hetgrad = Aggregation(_weight_of(weight, plan, rank, opt.iterations, name), reducer,
+                              check_finite=check_finite)
+    return opt
