@@ -66,7 +66,7 @@ class PlanWeight:
         return tf.where(final, self.last, self.full)
 
 
-NO_COUNT = ("hetgrad: weight='samples' needs each step's batch size: pass a "
+NO_COUNT = ("hetgrad: weight=samples needs the batch size of every step: pass a "
             "hetgrad.keras.callbacks callback to fit, or call hetgrad.keras.count_samples(model)")
 
 

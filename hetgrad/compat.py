@@ -22,10 +22,24 @@ FLAVOUR: str = "keras3" if KERAS3 else (
     "tf_keras" if tuple(int(p) for p in TF_VERSION.split(".")[:2]) >= (2, 16) else "keras2")
 
 
-def is_legacy_optimizer(optimizer) -> bool:
-    """Keras 2's ``optimizers.legacy`` (OptimizerV2) class family; Keras 3 has none."""
-    legacy = getattr(keras.optimizers, "legacy", None)
-    return not KERAS3 and legacy is not None and isinstance(optimizer, legacy.Optimizer)
+def optimizer_kind(optimizer) -> str:
+    """``keras3``, ``keras2`` (Keras 2.11+ optimizers) or ``legacy`` (Keras 2's OptimizerV2)
+    for a Keras optimizer object, judged by its class, so a Keras 3 optimizer is known as one
+    even beside tf-keras; anything else is refused (it would never aggregate)."""
+    keras_pkg = importlib.import_module("keras")
+    if (int(keras_pkg.__version__.split(".")[0]) >= 3
+            and isinstance(optimizer, keras_pkg.optimizers.Optimizer)):
+        return "keras3"
+    if not KERAS3:
+        legacy = getattr(keras.optimizers, "legacy", None)
+        if legacy is not None and isinstance(optimizer, legacy.Optimizer):
+            return "legacy"
+        if isinstance(optimizer, keras.optimizers.Optimizer):
+            return "keras2"
+    kind = type(optimizer)
+    raise ConfigError(f"hetgrad's DistributedOptimizer needs a Keras optimizer of TF "
+                      f"{TF_VERSION} (tf.keras is Keras {KERAS_VERSION}), got "
+                      f"{kind.__module__}.{kind.__qualname__}", field="optimizer")
 
 
 def is_loss_scale_optimizer(optimizer) -> bool:
@@ -54,17 +68,11 @@ def set_learning_rate(optimizer, value: float) -> None:
     lr.assign(value)
 
 
-def require_keras2(what: str) -> None:
-    """Refuse loudly where a feature would otherwise silently not aggregate under Keras 3."""
-    if KERAS3:
-        raise ConfigError(
-            f"{what} does not support Keras {KERAS_VERSION} yet (TF {TF_VERSION}); use "
-            "TensorFlow 2.15, or TF_USE_LEGACY_KERAS=1 with the tf-keras package")
-
-
 def horovod_keras():
     """``horovod.tensorflow.keras`` for the Horovod baselines and its broadcast callback."""
-    require_keras2("horovod.tensorflow.keras (it does not allreduce under Keras 3)")
+    if KERAS3:
+        raise ConfigError(f"horovod.tensorflow.keras does not allreduce under Keras "
+                          f"{KERAS_VERSION}; use hetgrad.keras")
     import horovod.tensorflow.keras as hvd_keras
     return hvd_keras
 

@@ -97,10 +97,7 @@ class _Keras3(_Hooked):
         return super().apply(self._hetgrad_reduce(grads), trainable_variables)
 
 
-def _mixin(optimizer):
-    if compat.KERAS3:
-        return _Keras3
-    return _Keras2Legacy if compat.is_legacy_optimizer(optimizer) else _Keras2
+MIXINS = {"keras3": _Keras3, "keras2": _Keras2, "legacy": _Keras2Legacy}
 
 
 def _weight_of(weight, plan, rank: int | None, iterations, name: str):
@@ -137,7 +134,8 @@ def DistributedOptimizer(optimizer, weight="samples", *, plan=None, rank: int | 
     args = dict(weight=weight, plan=plan, rank=rank, reducer=reducer, compression=compression,
                 sparse_as_dense=sparse_as_dense, check_finite=check_finite, name=name)
     base = type(optimizer)
-    cls = type(f"HetgradDistributed{base.__name__}", (_mixin(optimizer), base),
+    mixin = MIXINS[compat.optimizer_kind(optimizer)]
+    cls = type(f"HetgradDistributed{base.__name__}", (mixin, base),
                {"from_config": classmethod(
                    lambda c, config, custom_objects=None:
                    DistributedOptimizer(base.from_config(config), **args))})

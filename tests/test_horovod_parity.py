@@ -1,0 +1,77 @@
+"""What a Horovod user relies on, with real ranks: 3 ranks, uneven batches, every result
+compared with one process on the concatenated batch (tests/mpi/parity.py)."""
+import pytest
+
+from conftest import MPI_DIR, read_json, run_mpi
+
+
+@pytest.fixture(scope="module")
+def parity(tmp_path_factory):
+    d = tmp_path_factory.mktemp("parity")
+    proc = run_mpi(3, [str(MPI_DIR / "parity.py"), str(d / "parity.json"), str(d)], timeout=400)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return read_json(d / "parity.json")
+
+
+def test_ranks_run_the_flavour_of_this_stack(parity):
+    from hetgrad import compat  # the ranks inherit TF_USE_LEGACY_KERAS from this process
+    assert parity["flavour"] == compat.FLAVOUR
+
+
+def test_one_line_switch_equals_horovods_average_on_equal_batches(parity):
+    assert parity["default_equal"] < 1e-6
+
+
+def test_forgotten_sample_count_is_a_clear_error(parity):
+    assert "weight=samples needs the batch size of every step" in parity["no_count_error"]
+
+
+def test_broadcast_starts_every_rank_from_rank_0(parity):
+    assert parity["broadcast"] < 1e-6 and parity["broadcast_spread"] == 0.0
+
+
+def test_metric_average_is_sample_weighted(parity):
+    assert parity["metric_average"] < 1e-6
+
+
+def test_learning_rate_callbacks(parity):
+    assert parity["warmup_lr"] == pytest.approx([0.5 * 2 / 3, 0.5], rel=1e-6)
+    assert parity["schedule_lr"] == pytest.approx([0.5, 0.5, 0.05], rel=1e-6)
+
+
+def test_from_config_keeps_the_aggregation(parity):
+    assert parity["from_config_is_hetgrad"] and parity["from_config"] < 1e-6
+
+
+def test_saved_model_loads_with_an_aggregating_optimizer(parity):
+    formats = ["keras"] + ([] if parity["flavour"] == "keras3" else ["h5"])
+    for fmt in formats:
+        assert parity[f"load_{fmt}_is_hetgrad"], fmt
+        assert parity[f"load_{fmt}"] < 1e-6, fmt
+
+
+def test_custom_train_step_is_weighted_and_exchanged(parity):
+    assert parity["custom_step"] < 1e-6
+
+
+def test_fp16_compression_is_close_and_no_aggregation_is_not(parity):
+    assert parity["local"] > 1e-2
+    assert parity["fp16"] < 1e-3 < parity["local"]
+
+
+def test_loss_scale_optimizer_is_exact(parity):
+    assert parity["loss_scale"] < 1e-5
+
+
+def test_embedding_gradients_with_and_without_sparse_as_dense(parity):
+    assert parity["embedding_sparse_as_dense_False"] < 1e-6
+    assert parity["embedding_sparse_as_dense_True"] < 1e-6
+
+
+def test_something_else_than_an_optimizer_is_refused(parity):
+    assert "needs a Keras optimizer of TF" in parity["not_an_optimizer"]
+    assert "tensorflow.python.module.module.Module" in parity["not_an_optimizer"]
+
+
+def test_horovod_names_are_reexported(parity):
+    assert all(parity["reexports"])
