@@ -66,8 +66,13 @@ def _run(fn, flags: dict[str, str], *args):
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-def main() -> None:
+@click.option("--verbose", "-v", is_flag=True,
+              help="show TensorFlow's start-up and warning lines on every rank")
+def main(verbose: bool) -> None:
     """Heterogeneous data-parallel training on Horovod. Launch `train`/`probe` with mpirun."""
+    if verbose:  # TensorFlow is not imported yet: it reads these when it is
+        os.environ["HETGRAD_VERBOSE"] = "1"
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "0"
 
 
 @main.command()

@@ -52,6 +52,7 @@ def _fit_epoch(job: "Job", epoch: int, callbacks: list) -> dict:
         with tf.device(job.device):
             history = job.model.fit(batches, epochs=epoch + 1, initial_epoch=epoch,
                                     steps_per_epoch=job.plan.steps_per_epoch, verbose=0,
+                                    shuffle=False,  # the pipeline orders each epoch itself
                                     callbacks=[*callbacks, clock, metrics])
     except tf.errors.InvalidArgumentError as exc:
         if NONFINITE in str(exc):

@@ -15,10 +15,10 @@ def configure_tf(threads: int = 1, device: str = "cpu") -> str:
 
     Returns the device string used for placement, e.g. ``/CPU:0`` or ``/GPU:0``.
     """
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
 
-    tf.get_logger().setLevel("ERROR")  # e.g. Keras' "callback is slow" notes, on every rank
+    if not os.environ.get("HETGRAD_VERBOSE"):  # e.g. "callback is slow" notes, on every rank
+        tf.get_logger().setLevel("ERROR")
     check_value("device", device)
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(threads)

@@ -21,12 +21,19 @@ def mpirun_cmd(np_: int, args: list[str]) -> list[str]:
     return cmd + [sys.executable, *args]
 
 
-def run_mpi(np_: int, args: list[str], timeout: float = 300, cwd=None) -> subprocess.CompletedProcess:
-    """Run ``python ARGS`` on ``np_`` ranks; return the finished process (text output)."""
+def run_mpi(np_: int, args: list[str], timeout: float = 300, cwd=None,
+            env_update: dict | None = None) -> subprocess.CompletedProcess:
+    """Run ``python ARGS`` on ``np_`` ranks; return the finished process (text output).
+    ``env_update``: variables to set, or to remove where the value is None."""
     if shutil.which("mpirun") is None:
         pytest.fail("mpirun not on PATH: run scripts/setup.sh")
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
                OMPI_MCA_rmaps_base_oversubscribe="1")
+    for key, value in (env_update or {}).items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
     return subprocess.run(mpirun_cmd(np_, args), capture_output=True, text=True,
                           timeout=timeout, cwd=cwd or ROOT, env=env)
 

@@ -36,3 +36,17 @@ def test_equal_and_uneven_avg_modes_run(tmp_path):
         expect = [48, 48] if mode == "equal" else [24, 72]
         assert rec["plan"]["batches"] == expect
         assert 0.0 < rec["final_test_accuracy"] <= 1.0
+
+
+def test_tensorflow_start_up_lines_only_with_verbose(tmp_path):
+    """Nothing in the environment quiets TF here: hetgrad itself must (and --verbose undo it)."""
+    quiet_env = {"TF_CPP_MIN_LOG_LEVEL": None, "HETGRAD_VERBOSE": None}
+    outputs = {}
+    for flags in ([], ["--verbose"]):
+        proc = hetgrad_mpi(2, [*flags, "train", "--speeds", "1,1", "--epochs", "1", "--quiet",
+                               "--out", str(tmp_path / "r.json")], env_update=quiet_env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        outputs[bool(flags)] = proc.stdout + proc.stderr
+    assert "cpu_feature_guard" not in outputs[False] and "absl" not in outputs[False]
+    assert "UserWarning" not in outputs[False], outputs[False][-2000:]
+    assert "cpu_feature_guard" in outputs[True] or "oneDNN" in outputs[True]
