@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .compat import build_optimizer
 from .errors import InputFileError
 from .io import read_json, write_json, write_npz
 
@@ -75,7 +76,7 @@ class Checkpointer:
 
     def restore(self, state: dict) -> None:
         """Load model and optimizer (slots included) of ``state`` on this rank."""
-        self.optimizer.build(self.model.trainable_variables)
+        build_optimizer(self.optimizer, self.model.trainable_variables)
         path = self.dir / state["checkpoint"] / "ckpt"
         try:
             self.ckpt.read(str(path)).assert_existing_objects_matched()

@@ -56,6 +56,19 @@ def tf_variables(variables) -> list[tf.Variable]:
     return [v if isinstance(v, tf.Variable) else v.value for v in variables]
 
 
+def build_optimizer(optimizer, variables) -> None:
+    """Create an optimizer's slot variables now (Keras 2.11+/3: ``build``; OptimizerV2:
+    ``_create_all_weights``); a no-op once built."""
+    kind = optimizer_kind(optimizer)
+    if kind == "legacy":
+        optimizer._create_all_weights(list(variables))
+    elif kind == "keras2":  # idempotent
+        optimizer.build(list(variables))
+    elif not optimizer.built:
+        optimizer.build(list(variables))
+        optimizer.built = True
+
+
 def learning_rate(optimizer) -> float:
     return float(tf.convert_to_tensor(optimizer.learning_rate))
 

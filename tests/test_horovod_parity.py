@@ -73,5 +73,10 @@ def test_something_else_than_an_optimizer_is_refused(parity):
     assert "tensorflow.python.module.module.Module" in parity["not_an_optimizer"]
 
 
+def test_backward_passes_per_step_accumulates_exactly(parity):
+    assert parity["accumulate_first_step_moved"] == 0.0
+    assert parity["accumulate"] < 1e-6 and parity["accumulate_iterations"] == 2
+
+
 def test_horovod_names_are_reexported(parity):
     assert all(parity["reexports"])

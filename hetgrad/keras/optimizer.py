@@ -29,23 +29,61 @@ def _scaled(grads, w) -> list:
 
 
 class _Hooked:
-    """What every flavour's mixin shares: one exchange per step, seeded or not. The flags
-    are Python state of the trace (set and cleared within one traced step)."""
+    """What every flavour's mixin shares: weight (unless the pass was seeded), then exchange
+    -- or, with ``backward_passes_per_step`` N > 1, add to local accumulators and exchange
+    and apply once every N steps. ``_hetgrad_seeded`` is Python state of the trace (set and
+    cleared within one traced step)."""
 
     hetgrad: Aggregation
-    _hetgrad_seeded = False  # this step's backward pass was seeded with w_i
-    _hetgrad_done = False    # this step's gradients were already exchanged (Keras 2)
+    _hetgrad_seeded = False
+    _hetgrad_passes = 1
+    _hetgrad_average_passes = False
+    _hetgrad_acc: list | None = None
 
-    def _hetgrad_reduce(self, grads) -> list:
+    def _hetgrad_weighted(self, grads) -> list:
         seeded, self._hetgrad_seeded = self._hetgrad_seeded, False
-        if not seeded:
-            grads = _scaled(grads, self.hetgrad.local_weight())
-        return self.hetgrad.exchange(list(grads))
+        return list(grads) if seeded else _scaled(grads, self.hetgrad.local_weight())
+
+    def _hetgrad_apply(self, grads, variables, apply_fn):
+        """``apply_fn(exchanged_grads)`` now, or every N-th step on the accumulated sum."""
+        grads = self._hetgrad_weighted(grads)
+        if self._hetgrad_passes == 1:
+            return apply_fn(self.hetgrad.exchange(grads))
+        self._hetgrad_build(variables)
+        acc, count = self._hetgrad_acc
+        count.assign_add(1)
+        for a, g in zip(acc, grads):
+            if g is not None:
+                a.assign_add(tf.convert_to_tensor(g))
+        scale = 1.0 / self._hetgrad_passes if self._hetgrad_average_passes else 1.0
+
+        def update():
+            summed = [None if g is None else a * scale for a, g in zip(acc, grads)]
+            apply_fn(self.hetgrad.exchange(summed))
+            for a in acc:
+                a.assign(tf.zeros_like(a))
+            return tf.constant(True)
+
+        def skip():  # the step still counts (plan weights read the step from iterations)
+            self.iterations.assign_add(1)
+            return tf.constant(False)
+
+        return tf.cond(tf.equal(count % self._hetgrad_passes, 0), update, skip)
+
+    def _hetgrad_build(self, variables) -> None:
+        """Accumulators, and the optimizer's own slots (no variable may be born in a cond)."""
+        with tf.init_scope():
+            if self._hetgrad_acc is None:
+                self._hetgrad_acc = (
+                    [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False)
+                     for v in compat.tf_variables(variables)],
+                    tf.Variable(0, dtype=tf.int64, trainable=False))
+            compat.build_optimizer(self, variables)
 
 
 class _Keras2(_Hooked):
-    """Keras 2.11+ optimizers: ``minimize`` calls ``compute_gradients`` then
-    ``apply_gradients``."""
+    """Keras 2.11+ optimizers: ``minimize`` calls ``compute_gradients`` (seeded here) then
+    ``apply_gradients`` (exchanged here, as is a custom train step's)."""
 
     def compute_gradients(self, loss, var_list, tape=None):
         if not callable(loss) and tape is None:
@@ -58,17 +96,13 @@ class _Keras2(_Hooked):
         w = tf.cast(self.hetgrad.local_weight(), loss.dtype)
         grads = tape.gradient(loss, var_list, output_gradients=tf.fill(tf.shape(loss), w))
         self._hetgrad_seeded = True
-        grads = self._hetgrad_reduce(grads)
-        self._hetgrad_done = True  # apply_gradients gets exchanged gradients
         return list(zip(grads, var_list))
 
     def apply_gradients(self, grads_and_vars, *args, **kwargs):
-        grads_and_vars = list(grads_and_vars)
-        if not self._hetgrad_done:  # not from compute_gradients: a custom train step
-            grads = self._hetgrad_reduce([g for g, _ in grads_and_vars])
-            grads_and_vars = list(zip(grads, [v for _, v in grads_and_vars]))
-        self._hetgrad_done = False
-        return super().apply_gradients(grads_and_vars, *args, **kwargs)
+        grads, variables = zip(*grads_and_vars)
+        apply = super().apply_gradients
+        return self._hetgrad_apply(
+            grads, variables, lambda g: apply(zip(g, variables), *args, **kwargs))
 
 
 class _Keras2Legacy(_Keras2):
@@ -77,12 +111,10 @@ class _Keras2Legacy(_Keras2):
     def _compute_gradients(self, loss, var_list, grad_loss=None, tape=None):
         if grad_loss is not None:
             raise ValueError("hetgrad's DistributedOptimizer sets grad_loss itself")
-        w = self.hetgrad.local_weight()
-        gv = super()._compute_gradients(loss, var_list, grad_loss=w, tape=tape)
+        gv = super()._compute_gradients(loss, var_list, grad_loss=self.hetgrad.local_weight(),
+                                        tape=tape)
         self._hetgrad_seeded = True
-        grads = self._hetgrad_reduce([g for g, _ in gv])
-        self._hetgrad_done = True
-        return list(zip(grads, [v for _, v in gv]))
+        return gv
 
 
 class _Keras3(_Hooked):
@@ -94,7 +126,10 @@ class _Keras3(_Hooked):
         return super().scale_loss(loss) * tf.cast(self.hetgrad.local_weight(), loss.dtype)
 
     def apply(self, grads, trainable_variables=None):
-        return super().apply(self._hetgrad_reduce(grads), trainable_variables)
+        variables = trainable_variables if trainable_variables is not None else \
+            self._trainable_variables
+        apply = super().apply
+        return self._hetgrad_apply(grads, variables, lambda g: apply(g, trainable_variables))
 
 
 MIXINS = {"keras3": _Keras3, "keras2": _Keras2, "legacy": _Keras2Legacy}
@@ -115,7 +150,8 @@ def _weight_of(weight, plan, rank: int | None, iterations, name: str):
 def DistributedOptimizer(optimizer, weight="samples", *, plan=None, rank: int | None = None,
                          reducer: Reducer | None = None, compression=hvd.Compression.none,
                          sparse_as_dense: bool = False, check_finite: bool | None = None,
-                         name: str | None = None):
+                         backward_passes_per_step: int = 1,
+                         average_aggregated_gradients: bool = False, name: str | None = None):
     """Wrap a Keras optimizer so gradients are combined as ``sum_i w_i g_i``.
 
     ``weight``: ``"samples"`` (default) weights each rank by the samples of the step, exact
@@ -127,12 +163,19 @@ def DistributedOptimizer(optimizer, weight="samples", *, plan=None, rank: int | 
     :class:`~hetgrad.aggregate.DenseReducer` with ``compression`` and ``sparse_as_dense``).
     ``check_finite`` (default on, off for a ``LossScaleOptimizer``, which skips non-finite
     steps itself): a NaN/Inf in this rank's local gradients fails its step with
-    :data:`~hetgrad.aggregate.NONFINITE`. Returns a new optimizer of a subclass of
+    :data:`~hetgrad.aggregate.NONFINITE`. ``backward_passes_per_step`` N: accumulate N steps'
+    weighted gradients locally, exchange and apply their sum (their mean with
+    ``average_aggregated_gradients``) every N-th step, as Horovod does. Returns a new optimizer of a subclass of
     ``type(optimizer)`` built from its config, like Horovod's; its ``from_config`` keeps the
     aggregation.
     """
     args = dict(weight=weight, plan=plan, rank=rank, reducer=reducer, compression=compression,
-                sparse_as_dense=sparse_as_dense, check_finite=check_finite, name=name)
+                sparse_as_dense=sparse_as_dense, check_finite=check_finite,
+                backward_passes_per_step=backward_passes_per_step,
+                average_aggregated_gradients=average_aggregated_gradients, name=name)
+    if int(backward_passes_per_step) != backward_passes_per_step or backward_passes_per_step < 1:
+        raise ValueError(f"backward_passes_per_step must be an integer >= 1, got "
+                         f"{backward_passes_per_step}")
     base = type(optimizer)
     mixin = MIXINS[compat.optimizer_kind(optimizer)]
     cls = type(f"HetgradDistributed{base.__name__}", (mixin, base),
@@ -146,6 +189,8 @@ def DistributedOptimizer(optimizer, weight="samples", *, plan=None, rank: int | 
     if reducer is None:
         reducer = DenseReducer(compression=compression, sparse_as_dense=sparse_as_dense,
                                name=name)
+    opt._hetgrad_passes = int(backward_passes_per_step)
+    opt._hetgrad_average_passes = bool(average_aggregated_gradients)
     opt.hetgrad = Aggregation(_weight_of(weight, plan, rank, opt.iterations, name), reducer,
                               check_finite=check_finite)
     return opt

@@ -191,7 +191,27 @@ try:
 except Exception as exc:  # noqa: BLE001
     results["not_an_optimizer"] = str(exc)
 
-# 13. what a Horovod user imports from the module
+# 13. gradient accumulation: backward_passes_per_step=2 over two uneven steps equals one
+# step on all their samples; the first step leaves the weights alone
+X2 = rng.normal(size=(2 * sum(UNEVEN), 12)).astype(np.float32)
+Y2 = rng.integers(0, 3, size=2 * sum(UNEVEN))
+m = compiled(hk.DistributedOptimizer(keras.optimizers.SGD(0.5), backward_passes_per_step=2,
+                                     average_aggregated_gradients=True))
+hk.count_samples(m)
+before = flat(m)
+for k in range(2):
+    part = share(UNEVEN)
+    lo = k * sum(UNEVEN)
+    m.train_on_batch(X2[lo + part.start:lo + part.stop], Y2[lo + part.start:lo + part.stop])
+    if k == 0:
+        results["accumulate_first_step_moved"] = float(np.max(np.abs(flat(m) - before)))
+full = model_of()
+full.compile(optimizer=keras.optimizers.SGD(0.5), loss=LOSS)
+full.train_on_batch(X2, Y2)
+results["accumulate"] = diff(m, full)
+results["accumulate_iterations"] = int(m.optimizer.iterations.numpy())
+
+# 14. what a Horovod user imports from the module
 import horovod.tensorflow as hvd  # noqa: E402
 results["reexports"] = [hk.rank() == hvd.rank(), hk.size() == hvd.size(),
                         hk.local_rank() == hvd.local_rank(), hk.broadcast is hvd.broadcast,
