@@ -11,14 +11,14 @@ check, timers) is :mod:`hetgrad.aggregate`; :mod:`.optimizer` hooks it into the 
 """
 from __future__ import annotations
 
-import tensorflow as tf
 from horovod.tensorflow import (Average, Compression, Sum, allgather, allreduce, broadcast,
                                 broadcast_variables, init, is_initialized, local_rank,
                                 local_size, rank, shutdown, size)
 
 from .. import compat
-from ..aggregate import NONFINITE, Aggregation, FixedWeight, PlanWeight, SampleWeight
+from ..aggregate import NONFINITE, Aggregation, FixedWeight, PlanWeight
 from . import callbacks
+from .counting import count_samples
 from .optimizer import DistributedOptimizer
 
 __all__ = ["DistributedOptimizer", "set_plan", "count_samples", "aggregation_of", "callbacks",
@@ -50,28 +50,6 @@ def set_plan(optimizer, plan) -> None:
         weight.update(plan)
     elif isinstance(weight, FixedWeight):
         raise ValueError("a fixed float weight cannot follow a new plan; use weight='plan'")
-
-
-def count_samples(model) -> None:
-    """Make each train step record its batch size: for ``weight="samples"`` and for the
-    sample-weighted metric average. Idempotent; hetgrad's callbacks call it in ``fit``."""
-    if getattr(model, "_hetgrad_counted", False):
-        return
-    weight = getattr(getattr(model.optimizer, "hetgrad", None), "weight", None)
-    epoch_samples = callbacks.epoch_samples(model)
-    inner = model.train_step
-
-    def train_step(data):
-        x = data[0] if isinstance(data, (tuple, list)) else data
-        n = tf.shape(next(t for t in tf.nest.flatten(x) if t is not None))[0]
-        if isinstance(weight, SampleWeight):
-            weight.count.assign(n)
-        epoch_samples.assign_add(tf.cast(n, epoch_samples.dtype))
-        return inner(data)
-
-    model.train_step = train_step
-    model.train_function = None  # rebuild with the new step
-    model._hetgrad_counted = True
 
 
 def load_model(filepath, *, custom_objects: dict | None = None, compile: bool = True,

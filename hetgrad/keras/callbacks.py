@@ -10,23 +10,9 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from .. import compat
+from .counting import count_samples, epoch_samples
 
 keras = compat.keras
-
-
-class _EpochSamples:
-    """A plain holder, so Keras does not track the variable as one of the model's weights."""
-
-    def __init__(self):
-        self.var = tf.Variable(0.0, dtype=tf.float64, trainable=False,
-                               name="hetgrad_epoch_samples")
-
-
-def epoch_samples(model) -> tf.Variable:
-    """The model's running count of samples trained this epoch (created on first use)."""
-    if getattr(model, "_hetgrad_epoch_samples", None) is None:
-        model._hetgrad_epoch_samples = _EpochSamples()
-    return model._hetgrad_epoch_samples.var
 
 
 class _Counting(keras.callbacks.Callback):
@@ -34,7 +20,6 @@ class _Counting(keras.callbacks.Callback):
 
     def set_model(self, model):
         super().set_model(model)
-        from . import count_samples
         count_samples(model)
 
 
