@@ -4,7 +4,10 @@
 Run under MPI; both optimizers train the same >= 1M-parameter model in the same processes,
 alternating blocks of steps so machine noise hits both alike. Rank 0 writes JSON.
 
-    mpirun -np 2 --oversubscribe .venv/bin/python scripts/bench_overhead.py --out results/bench_overhead.json
+    TF_USE_LEGACY_KERAS=1 mpirun -np 2 --oversubscribe -x TF_USE_LEGACY_KERAS \
+        .venv/bin/python scripts/bench_overhead.py --out results/bench_overhead.json
+
+(Horovod's Keras optimizer does not aggregate under Keras 3, so the comparison needs Keras 2.)
 """
 from __future__ import annotations
 
@@ -29,7 +32,8 @@ def main() -> None:
     comm = init()
     configure_tf(1, "cpu")
     import horovod.tensorflow as hvd
-    import horovod.tensorflow.keras as hvd_keras
+    from hetgrad import compat
+    hvd_keras = compat.horovod_keras()  # Horovod's own optimizer: Keras 2 only (see compat.md)
     import tensorflow as tf
     import hetgrad.keras as hk
     from hetgrad import models
