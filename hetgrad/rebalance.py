@@ -6,8 +6,8 @@ splits the two inside the training graph with two ``tf.timestamp`` ops, so the m
 costs no extra step and no probe. After an epoch :class:`Rebalancer` gathers every rank's busy
 time, turns it into a measured speed ``samples_i / busy_i`` and, when the ranks' busy times
 differ by more than a threshold, builds a new plan with the same global batch (so the same
-steps per epoch and the same optimisation) for the next epoch. Every rank computes the same plan from the same gathered
-numbers; nothing is broadcast.
+steps per epoch and the same optimisation) for the next epoch. Every rank computes the same
+plan from the same gathered numbers; nothing is broadcast.
 """
 from __future__ import annotations
 

@@ -126,8 +126,8 @@ class _Keras3(_Hooked):
         return super().scale_loss(loss) * tf.cast(self.hetgrad.local_weight(), loss.dtype)
 
     def apply(self, grads, trainable_variables=None):
-        variables = trainable_variables if trainable_variables is not None else \
-            self._trainable_variables
+        variables = (trainable_variables if trainable_variables is not None
+                     else self._trainable_variables)
         apply = super().apply
         return self._hetgrad_apply(grads, variables, lambda g: apply(g, trainable_variables))
 
@@ -165,9 +165,9 @@ def DistributedOptimizer(optimizer, weight="samples", *, plan=None, rank: int | 
     steps itself): a NaN/Inf in this rank's local gradients fails its step with
     :data:`~hetgrad.aggregate.NONFINITE`. ``backward_passes_per_step`` N: accumulate N steps'
     weighted gradients locally, exchange and apply their sum (their mean with
-    ``average_aggregated_gradients``) every N-th step, as Horovod does. Returns a new optimizer of a subclass of
-    ``type(optimizer)`` built from its config, like Horovod's; its ``from_config`` keeps the
-    aggregation.
+    ``average_aggregated_gradients``) every N-th step, as Horovod does. Returns a new
+    optimizer of a subclass of ``type(optimizer)`` built from its config, like Horovod's; its
+    ``from_config`` keeps the aggregation.
     """
     args = dict(weight=weight, plan=plan, rank=rank, reducer=reducer, compression=compression,
                 sparse_as_dense=sparse_as_dense, check_finite=check_finite,
