@@ -99,6 +99,9 @@ class _Keras2(_Hooked):
         return list(zip(grads, var_list))
 
     def apply_gradients(self, grads_and_vars, *args, **kwargs):
+        grads_and_vars = list(grads_and_vars)
+        if not grads_and_vars:  # nothing to exchange; Keras treats it as a no-op
+            return super().apply_gradients(grads_and_vars, *args, **kwargs)
         grads, variables = zip(*grads_and_vars)
         apply = super().apply_gradients
         return self._hetgrad_apply(
