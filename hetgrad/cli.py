@@ -89,7 +89,7 @@ def probe(**values):
         device = configure_tf(cfg.threads, cfg.device)
         results = measure_ranks(cfg, comm, data_mod.load(cfg.data), device,
                                 emulation=emulation_of(cfg, comm))
-        if comm.Get_rank() == 0:
+        if comm.rank == 0:
             probe_mod.save(results, cfg.out)
             for r in results:
                 click.echo(f"rank {r.rank} {r.host} {r.device}: {r.samples_per_s:.1f} samples/s")

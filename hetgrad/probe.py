@@ -11,8 +11,9 @@ from typing import Callable
 
 import numpy as np
 
+from .comm import Comm
 from .compat import keras
-from .errors import InputFileError, PeerTimeoutError
+from .errors import InputFileError
 from .io import read_json, write_json
 
 
@@ -50,7 +51,7 @@ def measure(model: keras.Model, input_shape, num_classes: int, *, batch: int = 3
     return batch / statistics.median(times), times
 
 
-def run_probe(comm, build_model: Callable[[], keras.Model], input_shape, num_classes: int, *,
+def run_probe(comm: Comm, build_model: Callable[[], keras.Model], input_shape, num_classes: int, *,
               device: str, batch: int = 32, warmup: int = 3, steps: int = 10,
               before_step: Callable[[int], None] | None = None,
               timeout: float = 300.0) -> list[ProbeResult]:
@@ -60,33 +61,8 @@ def run_probe(comm, build_model: Callable[[], keras.Model], input_shape, num_cla
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     sps, times = measure(model, input_shape, num_classes, batch=batch, warmup=warmup, steps=steps,
                          before_step=before_step)
-    mine = ProbeResult(comm.Get_rank(), socket.gethostname(), device, sps, batch, times)
-    return [ProbeResult(**d) for d in gather_with_timeout(comm, asdict(mine), timeout)]
-
-
-def gather_with_timeout(comm, obj, timeout: float, tag: int = 7301) -> list:
-    """Allgather ``obj`` via rank 0, which names every rank that has not reported within
-    ``timeout`` seconds (then ``fail_fast`` aborts the job) instead of waiting forever."""
-    rank, size = comm.Get_rank(), comm.Get_size()
-    if size == 1:
-        return [obj]
-    if rank != 0:
-        comm.send(obj, dest=0, tag=tag)
-        return comm.bcast(None, root=0)
-    reqs = {r: comm.irecv(source=r, tag=tag) for r in range(1, size)}
-    got = {0: obj}
-    deadline = time.monotonic() + timeout
-    while reqs and time.monotonic() < deadline:
-        for r, req in list(reqs.items()):
-            done, value = req.test()
-            if done:
-                got[r] = value
-                del reqs[r]
-        time.sleep(0.01)
-    if reqs:
-        raise PeerTimeoutError(f"rank(s) {sorted(reqs)} did not report within {timeout:g}s",
-                               ranks=sorted(reqs), field="probe_timeout")
-    return comm.bcast([got[r] for r in range(size)], root=0)
+    mine = ProbeResult(comm.rank, socket.gethostname(), device, sps, batch, times)
+    return [ProbeResult(**d) for d in comm.gather_with_timeout(asdict(mine), timeout)]
 
 
 def save(results: list[ProbeResult], path: str | Path) -> None:

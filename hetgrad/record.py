@@ -11,7 +11,7 @@ SPARSE_KEYS = ("k", "union", "buildup", "bytes_sent", "bytes_received",
                "aggregator_send_entries")
 
 
-def build_record(*, config: dict, world_size: int, device: str, probe: Sequence[dict],
+def build_record(*, config: dict, world_size: int, device: str, controller: str, probe: Sequence[dict],
                  probe_time_s: float, first_plan: Plan, final_plan: Plan,
                  epochs: Sequence[dict], wall_time_s: float,
                  per_rank_epoch_times_s: Sequence[Sequence[float]], balance: Sequence[dict],
@@ -28,6 +28,7 @@ def build_record(*, config: dict, world_size: int, device: str, probe: Sequence[
     ideal = sum(p["samples_per_s"] for p in probe)
     record = {
         "config": dict(config), "world_size": world_size, "device": device,
+        "controller": controller,
         "plan": first_plan.to_dict(), "final_plan": final_plan.to_dict(),
         "probe": list(probe), "probe_time_s": probe_time_s,
         "epochs": list(epochs), "wall_time_s": wall_time_s,

@@ -6,6 +6,7 @@ import sys
 import traceback
 from contextlib import contextmanager
 
+from .comm import Comm, connect, gloo_launch
 from .config import check_value
 from .errors import ConfigError, HetgradError
 
@@ -35,13 +36,16 @@ def configure_tf(threads: int = 1, device: str = "cpu") -> str:
     return "/GPU:0"
 
 
-def init():
-    """Initialise MPI (mpi4py, thread-multiple) then Horovod on the same world; return comm."""
-    from mpi4py import MPI
-    import horovod.tensorflow as hvd
+_WORLD: Comm | None = None
 
-    hvd.init()
-    return MPI.COMM_WORLD
+
+def init() -> Comm:
+    """Start Horovod (and MPI where it is the launcher's world) once; return the control
+    channel of Horovod's world (see :mod:`hetgrad.comm`). Idempotent."""
+    global _WORLD
+    if _WORLD is None:
+        _WORLD = connect()
+    return _WORLD
 
 
 @contextmanager
@@ -65,18 +69,27 @@ def fail_fast(flags: dict[str, str] | None = None):
         text = exc.render(flags) if isinstance(exc, HetgradError) else str(exc)
         print(f"hetgrad: error{where}: {text}", file=sys.stderr, flush=True)
         if size > 1:
-            from mpi4py import MPI
-            MPI.COMM_WORLD.Abort(code)
+            _abort(code)
         sys.exit(code)
 
 
+def _abort(code: int) -> None:
+    """End every rank: through the world in use, else the launcher's (MPI, or Gloo's exit)."""
+    if _WORLD is not None:
+        _WORLD.abort(code)
+    elif gloo_launch():
+        os._exit(code)
+    else:
+        from mpi4py import MPI
+        MPI.COMM_WORLD.Abort(code)
+
+
 def _rank_size() -> tuple[int, int]:
-    for r, s in (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMI_RANK", "PMI_SIZE"),
-                 ("SLURM_PROCID", "SLURM_NTASKS")):
+    """This rank and the world size, also before (or without) :func:`init`."""
+    if _WORLD is not None:
+        return _WORLD.rank, _WORLD.size
+    for r, s in (("HOROVOD_RANK", "HOROVOD_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+                 ("PMI_RANK", "PMI_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS")):
         if r in os.environ:
             return int(os.environ[r]), int(os.environ.get(s, 1))
-    try:
-        from mpi4py import MPI
-        return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
-    except Exception:  # noqa: BLE001
-        return 0, 1
+    return 0, 1

@@ -2,8 +2,8 @@
 exactly like the dense exchange (same weights, finite check, timers, callbacks).
 
 Tensors with at least ``dense_below`` entries are concatenated into one flat vector and
-exchanged by :class:`~hetgrad.sparsify.SparseExchanger` (top-k with error feedback, numpy and
-mpi4py), called from the train step through ``tf.py_function``; smaller tensors (biases) go
+exchanged by :class:`~hetgrad.sparsify.SparseExchanger` (top-k with error feedback, numpy on
+the control channel of :mod:`hetgrad.comm`), called from the train step through ``tf.py_function``; smaller tensors (biases) go
 through the dense fused allreduce. The gradients arrive already weighted (the backward pass is
 seeded with ``w_i``), so the exchanger sums them with weight 1.
 """

@@ -13,7 +13,8 @@ Three separate concerns, each swappable:
 
 All ranks work on one flat float32 vector (the concatenation of the gradients that are large
 enough to sparsify); k is chosen per tensor (density x size) and the index space is global.
-The exchange runs on mpi4py between the gradient computation and ``apply_gradients``.
+The exchange runs on the ranks' control channel (:mod:`hetgrad.comm`: mpi4py, or Horovod's
+collectives under Gloo) between the gradient computation and ``apply_gradients``.
 """
 from __future__ import annotations
 
@@ -200,25 +201,22 @@ class SparseExchanger:
 
     def _choose(self, acc: np.ndarray) -> np.ndarray:
         if self.policy == "leader":  # the cyclic leader decides the mask for everyone
-            leader = self.state.step % self.comm.Get_size()
-            mine = select_topk(acc, self.seg, self.state) if self.comm.Get_rank() == leader else None
+            leader = self.state.step % self.comm.size
+            mine = select_topk(acc, self.seg, self.state) if self.comm.rank == leader else None
             return np.sort(self.comm.bcast(mine, root=leader))
         return np.sort(POLICIES[self.policy](acc, self.seg, self.state, **self.policy_args))
 
     def step(self, grad: np.ndarray, weight: float) -> tuple[np.ndarray, StepStats]:
-        from mpi4py import MPI
-        size = self.comm.Get_size()
+        size = self.comm.size
         acc = self.memory.compensate(np.asarray(grad, np.float32) * np.float32(weight))
         idx = self._choose(acc).astype(np.int32)
         k = self.seg.k
         out = np.zeros_like(acc)
         if self.policy == "leader":
             union = idx
-            vals = acc[union]
-            self.comm.Allreduce(MPI.IN_PLACE, vals, op=MPI.SUM)
-            out[union] = vals
+            out[union] = self.comm.allreduce_sum(acc[union])
             sent = union
-            sent_b = k * F32 + (k * I32 if self.comm.Get_rank() == self.state.step % size else 0)
+            sent_b = k * F32 + (k * I32 if self.comm.rank == self.state.step % size else 0)
             recv_b = k * F32 + k * I32
         elif self.exchange == "allgather":
             all_idx = np.concatenate(self.comm.allgather(idx))
@@ -230,9 +228,7 @@ class SparseExchanger:
             recv_b = (all_idx.size - idx.size) * (F32 + I32)
         else:  # union: agree on U, then one dense allreduce over U
             union = np.unique(np.concatenate(self.comm.allgather(idx)))
-            vals = np.ascontiguousarray(acc[union])
-            self.comm.Allreduce(MPI.IN_PLACE, vals, op=MPI.SUM)
-            out[union] = vals
+            out[union] = self.comm.allreduce_sum(acc[union])
             sent = union
             ring = 2 * (size - 1) / size  # ring allreduce moves this many vectors per rank
             sent_b = idx.size * I32 + int(ring * union.size * F32)

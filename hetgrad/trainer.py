@@ -51,7 +51,7 @@ class Job:
     sparse_steps: list[dict] = field(default_factory=list)
 
     def __post_init__(self):
-        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        self.rank, self.size = self.comm.rank, self.comm.size
         self.first_plan = self.plan
         self.start_epoch = self.state["epoch"] if self.state else 0
 
@@ -80,7 +80,7 @@ def build_job(cfg: TrainConfig) -> Job:
     t0 = time.perf_counter()
     probed = measure_ranks(cfg, comm, data, device, state, emulation)
     probe_time = time.perf_counter() - t0
-    plan = Plan(**state["plan"]) if state else choose_plan(cfg, comm.Get_size(),
+    plan = Plan(**state["plan"]) if state else choose_plan(cfg, comm.size,
                                                            len(data.y_train), probed)
     job = Job(cfg, comm, device, data, probed, probe_time, plan, state, emulation)
     with tf.device("/CPU:0"):  # captured by every epoch's input pipeline, not copied into it
@@ -101,8 +101,8 @@ def emulation_of(cfg: TrainConfig, comm) -> Emulation | None:
     """The emulated-speed action of ``--emulate-speeds`` (None without it)."""
     if not cfg.emulate_speeds:
         return None
-    schedule = parse_schedule(cfg.emulate_speeds, comm.Get_size())
-    return Emulation(schedule, SpeedEmulator(schedule[0][comm.Get_rank()], cfg.emulate_unit))
+    schedule = parse_schedule(cfg.emulate_speeds, comm.size)
+    return Emulation(schedule, SpeedEmulator(schedule[0][comm.rank], cfg.emulate_unit))
 
 
 def measure_ranks(cfg: TrainConfig, comm, data, device: str, state: dict | None = None,
@@ -111,7 +111,7 @@ def measure_ranks(cfg: TrainConfig, comm, data, device: str, state: dict | None 
     if state:
         return [probe.ProbeResult(**d) for d in state["probe"]]
     if cfg.probe_file:
-        return probe.load(cfg.probe_file, world_size=comm.Get_size())
+        return probe.load(cfg.probe_file, world_size=comm.size)
     with tf.device(device):
         return probe.run_probe(
             comm, lambda: models.build(cfg.model, data.input_shape, data.num_classes),
@@ -206,6 +206,7 @@ def finish(job: Job, wall_time_s: float, balance: list[dict]) -> dict:
         return {}
     record = build_record(
         config=job.cfg.to_dict(), world_size=job.size, device=job.device,
+        controller=job.comm.kind,
         probe=[asdict(p) for p in job.probe], probe_time_s=job.probe_time_s,
         first_plan=job.first_plan, final_plan=job.plan, epochs=job.epochs,
         wall_time_s=wall_time_s, per_rank_epoch_times_s=times, balance=balance,

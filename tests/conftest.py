@@ -21,8 +21,22 @@ def mpirun_cmd(np_: int, args: list[str]) -> list[str]:
     return cmd + [sys.executable, *args]
 
 
+LAUNCHERS = ("mpirun", "horovodrun-mpi", "horovodrun-gloo")
+
+
+def launch_cmd(launcher: str, np_: int, args: list[str]) -> list[str]:
+    """``python ARGS`` on ``np_`` local ranks under ``launcher`` (one of :data:`LAUNCHERS`)."""
+    if launcher == "mpirun":
+        return mpirun_cmd(np_, args)
+    horovodrun = str(Path(sys.executable).parent / "horovodrun")
+    controller = {"horovodrun-mpi": "--mpi", "horovodrun-gloo": "--gloo"}[launcher]
+    return [horovodrun, "-np", str(np_), "-H", f"localhost:{np_}", controller,
+            sys.executable, *args]
+
+
 def run_mpi(np_: int, args: list[str], timeout: float = 300, cwd=None,
-            env_update: dict | None = None) -> subprocess.CompletedProcess:
+            env_update: dict | None = None, launcher: str = "mpirun"
+            ) -> subprocess.CompletedProcess:
     """Run ``python ARGS`` on ``np_`` ranks; return the finished process (text output).
     ``env_update``: variables to set, or to remove where the value is None."""
     if shutil.which("mpirun") is None:
@@ -34,7 +48,7 @@ def run_mpi(np_: int, args: list[str], timeout: float = 300, cwd=None,
             env.pop(key, None)
         else:
             env[key] = value
-    return subprocess.run(mpirun_cmd(np_, args), capture_output=True, text=True,
+    return subprocess.run(launch_cmd(launcher, np_, args), capture_output=True, text=True,
                           timeout=timeout, cwd=cwd or ROOT, env=env)
 
 

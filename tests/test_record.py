@@ -12,7 +12,7 @@ def rows(times, accs):
 
 def record(**kw):
     plan = make_plan([1, 3], 96, 1000)
-    args = dict(config={"mode": "weighted"}, world_size=2, device="/CPU:0",
+    args = dict(config={"mode": "weighted"}, world_size=2, device="/CPU:0", controller="mpi",
                 probe=[{"samples_per_s": 100.0}, {"samples_per_s": 300.0}], probe_time_s=1.5,
                 first_plan=plan, final_plan=plan, epochs=rows([4.0, 2.0, 2.5], [0.5, 0.8, 0.7]),
                 wall_time_s=9.0, per_rank_epoch_times_s=[[4.0, 2.0, 2.5], [3.9, 1.9, 2.6]],

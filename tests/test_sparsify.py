@@ -61,9 +61,10 @@ def test_bad_sparse_arguments():
         SparseExchanger(MPI.COMM_SELF, [10], policy="random")
 
 
-def test_three_rank_exchanges(tmp_path):
+@pytest.mark.parametrize("launcher", ["mpirun", "horovodrun-gloo"])
+def test_three_rank_exchanges(tmp_path, launcher):
     out = tmp_path / "sparse.json"
-    proc = run_mpi(3, [str(MPI_DIR / "sparse_exchange.py"), str(out)])
+    proc = run_mpi(3, [str(MPI_DIR / "sparse_exchange.py"), str(out)], launcher=launcher)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = read_json(out)
     for key, r in res.items():

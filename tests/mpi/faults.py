@@ -10,14 +10,13 @@ from hetgrad.runtime import fail_fast, init
 
 fault = sys.argv[1]
 comm = init()
-rank = comm.Get_rank()
+rank = comm.rank
 with fail_fast():
-    from hetgrad.probe import gather_with_timeout
     if rank == 1 and fault == "raise":
         raise RuntimeError("injected failure in the probe")
     if rank == 1 and fault == "exit":
         os._exit(3)
     if rank == 1 and fault == "sleep":
         time.sleep(120)
-    gather_with_timeout(comm, {"rank": rank}, timeout=5.0)
+    comm.gather_with_timeout({"rank": rank}, timeout=5.0)
     comm.barrier()

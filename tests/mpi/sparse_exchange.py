@@ -6,12 +6,12 @@ import json
 import sys
 
 import numpy as np
-from mpi4py import MPI
 
+from hetgrad.runtime import init
 from hetgrad.sparsify import SparseExchanger
 
-comm = MPI.COMM_WORLD
-rank, size = comm.Get_rank(), comm.Get_size()
+comm = init()  # the control channel of Horovod's world (mpi4py here, Horovod under Gloo)
+rank, size = comm.rank, comm.size
 SIZES = [3000, 500, 1200]
 N = sum(SIZES)
 weights = np.array([1, 2, 4][:size], float)
@@ -32,9 +32,9 @@ for policy in ("topk", "recent", "sticky", "leader"):
         err_u, err_mass, unions = 0.0, 0.0, []
         for step in range(4):
             g = grads(step)
-            before = comm.allreduce(ex.memory.residual.astype(np.float64), op=MPI.SUM)
+            before = comm.allreduce_sum(ex.memory.residual.astype(np.float64))
             out, st = ex.step(g[rank], w)
-            after = comm.allreduce(ex.memory.residual.astype(np.float64), op=MPI.SUM)
+            after = comm.allreduce_sum(ex.memory.residual.astype(np.float64))
             dense = sum(weights[r] * g[r].astype(np.float64) for r in range(size)) + before
             # mass: what was delivered plus what is kept equals what there was to send
             err_mass = max(err_mass, float(np.max(np.abs(out + after - dense))))
