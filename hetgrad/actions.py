@@ -91,9 +91,8 @@ class Balance(Action):
         if job.rank == 0 and self.verbose:
             e = self.rebalancer.history[-1]
             print(f"hetgrad: rebalance after epoch {epoch + 1}: busy "
-                  f"{[round(b, 2) for b in e.busy_s]} s (imbalance {e.imbalance:.2f} > "
-                  f"{self.rebalancer.threshold}), batches {job.plan.batches} -> {new.batches}",
-                  flush=True)
+                  f"{[round(b, 2) for b in e.busy_s]} s, predicted {100 * e.predicted_gain:.0f}% "
+                  f"faster epochs, batches {job.plan.batches} -> {new.batches}", flush=True)
         job.plan = new
         set_plan(job.optimizer, new)
 

@@ -18,7 +18,8 @@ from .config import SETTINGS, TrainConfig, check_value, parse_settings
 from .errors import ConfigError, HetgradError
 
 PROBE_OPTIONS = ("data", "model", "emulate_speeds", "emulate_unit", "threads", "device",
-                 "probe_batch", "probe_steps", "probe_timeout", "out")
+                 "global_batch", "max_batch", "probe_batch", "probe_sizes", "probe_steps",
+                 "probe_timeout", "out")
 PROBE_OVERRIDES = {"out": dict(default="probe.json", help="where rank 0 writes the results")}
 PLAN_OPTIONS = ("speeds", "probe_file", "global_batch", "data", "min_batch", "max_batch", "out")
 PLAN_OVERRIDES = {"probe_file": dict(flag="--probe", help="probe.json from `hetgrad probe`"),
@@ -78,7 +79,7 @@ def main(verbose: bool) -> None:
 @main.command()
 @config_options(PROBE_OPTIONS, PROBE_OVERRIDES)
 def probe(**values):
-    """Measure every rank's training samples/s (run under mpirun)."""
+    """Measure every rank's step time at several batch sizes and fit its model (under mpirun)."""
     def body():
         from . import data as data_mod, probe as probe_mod
         from .runtime import configure_tf, init
@@ -92,7 +93,9 @@ def probe(**values):
         if comm.rank == 0:
             probe_mod.save(results, cfg.out)
             for r in results:
-                click.echo(f"rank {r.rank} {r.host} {r.device}: {r.samples_per_s:.1f} samples/s")
+                click.echo(f"rank {r.rank} {r.host} {r.device}: {r.samples_per_s:.1f} samples/s, "
+                           f"{1e3 * r.fixed_s:.2f} ms fixed per step ({r.kind}, fit error "
+                           f"{100 * r.fit_error:.1f}%)")
     _run(body, {n: flag_of(n, PROBE_OVERRIDES) for n in PROBE_OPTIONS})
 
 
@@ -110,7 +113,7 @@ def plan(dataset_size, **values):
             raise ConfigError("give exactly one of --speeds and --probe", field="speeds")
         if v["probe_file"]:
             from .probe import load
-            speeds = [r.samples_per_s for r in load(v["probe_file"])]
+            speeds = [r.model() for r in load(v["probe_file"])]
         else:
             speeds = v["speeds"]
         n = dataset_size

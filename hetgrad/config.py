@@ -86,7 +86,10 @@ class TrainConfig:
     emulate_speeds: str | None = setting(None, "emulated per-rank speeds, e.g. 1,2,4 or "
                                          "'1,2,4;3:1,0.5,4' (from epoch 3)")
     emulate_unit: float = setting(1e-3, "emulated seconds per sample at speed 1", check=positive)
-    probe_batch: int = setting(128, "batch size the probe times", check=at_least(1))
+    probe_batch: int | None = setting(None, "largest batch the probe times (default: the "
+                                      "global batch, capped by --max-batch)", check=at_least(1))
+    probe_sizes: int = setting(3, "batch sizes the probe times, geometric from B/(4P) up to "
+                               "--probe-batch", check=at_least(1))
     probe_steps: int = setting(8, "timed probe steps (after 3 warm-up steps)", check=at_least(1))
     probe_timeout: float = setting(300.0, "seconds rank 0 waits for every rank's probe before "
                                    "naming the missing ones", check=positive)
@@ -100,8 +103,9 @@ class TrainConfig:
     dense_below: int = setting(1024, "tensors with fewer entries stay dense", check=at_least(0))
     rebalance: bool = setting(False, "re-plan between epochs from each rank's measured busy "
                               "time")
-    rebalance_threshold: float = setting(0.05, "re-plan when max(busy)/mean(busy) - 1 exceeds "
-                                         "this", check=non_negative)
+    rebalance_threshold: float = setting(0.03, "re-plan when the new plan's predicted epoch "
+                                         "time is shorter by more than this fraction (and "
+                                         "than the measured noise)", check=non_negative)
     on_nonfinite: str = setting("abort", "NaN/Inf in a rank's local gradients: end the job "
                                 "naming the rank, or go on", choices=NONFINITE_POLICIES)
     checkpoint_dir: str | None = setting(None, "rank 0 saves checkpoints here")

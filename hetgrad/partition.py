@@ -1,4 +1,5 @@
-"""Partitioner: speeds -> local batch sizes and data shards with identical steps per epoch.
+"""Partitioner: per-rank step-time models (or speeds) -> local batch sizes that finish a step
+together, and data shards with identical steps per epoch.
 
 The plan is a pure function of its inputs, so every rank computes (or loads) the same one.
 """
@@ -11,6 +12,7 @@ from typing import Sequence
 
 from .errors import ConfigError, HetgradError, InputFileError
 from .io import read_json, write_json
+from .perfmodel import StepModel, constant, equal_time_batches
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,9 @@ class Plan:
     steps_per_epoch: int
     dropped: int = 0
     meta: dict = field(default_factory=dict)
+    fixed_s: list[float] | None = None           # the models' fixed cost per step (a_i)
+    predicted_step_s: float | None = None        # max_i t_i(b_i): the predicted step time
+    predicted_times_s: list[float] | None = None  # t_i(b_i) of every rank
 
     @property
     def world_size(self) -> int:
@@ -83,70 +88,6 @@ class Plan:
                     f"rank {r} would run {steps} steps, not {self.steps_per_epoch}")
 
 
-def _check_speeds(speeds: Sequence[float]) -> list[float]:
-    out = []
-    for r, s in enumerate(speeds):
-        s = float(s)
-        if not math.isfinite(s) or s <= 0:
-            raise ConfigError(f"speed of rank {r} is {s!r}; speeds must be finite and > 0",
-                              field="speeds")
-        out.append(s)
-    if not out:
-        raise ConfigError("no speeds given", field="speeds")
-    return out
-
-
-def _bounded_shares(total: float, weights: Sequence[float], lo: Sequence[float],
-                    hi: Sequence[float]) -> list[float]:
-    """Split ``total`` proportionally to ``weights`` with each share clamped to [lo, hi].
-
-    Water-filling: ranks that hit a bound are fixed there, the rest share what is left.
-    """
-    n = len(weights)
-    share = [0.0] * n
-    free = set(range(n))
-    left = float(total)
-    while free:
-        wsum = sum(weights[i] for i in free)
-        trial = {i: left * weights[i] / wsum for i in free}
-        over = {i for i in free if trial[i] > hi[i]}
-        under = {i for i in free if trial[i] < lo[i]}
-        fixed = over or under  # fix one side at a time so the others can absorb it
-        if not fixed:
-            for i in free:
-                share[i] = trial[i]
-            break
-        for i in fixed:
-            share[i] = hi[i] if i in over else lo[i]
-            left -= share[i]
-        free -= fixed
-    return share
-
-
-def _round_preserving_sum(shares: Sequence[float], total: int, lo: Sequence[int],
-                          hi: Sequence[int]) -> list[int]:
-    """Largest-remainder rounding of ``shares`` to integers summing to ``total`` within bounds."""
-    ints = [min(max(math.floor(s), lo[i]), hi[i]) for i, s in enumerate(shares)]
-    order = sorted(range(len(shares)), key=lambda i: (-(shares[i] - math.floor(shares[i])), i))
-    diff = total - sum(ints)
-    while diff != 0:
-        moved = False
-        for i in order if diff > 0 else reversed(order):
-            if diff > 0 and ints[i] < hi[i]:
-                ints[i] += 1
-                diff -= 1
-                moved = True
-            elif diff < 0 and ints[i] > lo[i]:
-                ints[i] -= 1
-                diff += 1
-                moved = True
-            if diff == 0:
-                break
-        if not moved:
-            raise HetgradError("cannot round batch sizes within the per-rank bounds")
-    return ints
-
-
 def _caps(max_batch: Sequence[int] | int | None, p: int, min_batch: int,
           global_batch: int) -> list[int]:
     """Per-rank batch caps from one cap for all, one per rank, or none (``global_batch``)."""
@@ -168,18 +109,21 @@ def _caps(max_batch: Sequence[int] | int | None, p: int, min_batch: int,
     return caps
 
 
-def make_plan(speeds: Sequence[float], global_batch: int, dataset_size: int, *,
+def make_plan(speeds: Sequence[float | StepModel], global_batch: int, dataset_size: int, *,
               min_batch: int = 1, max_batch: Sequence[int] | int | None = None) -> Plan:
-    """Give each rank a batch proportional to its speed and a shard with equal steps per epoch.
+    """Give each rank a batch that equalises the predicted step time, and a shard with equal
+    steps per epoch.
 
-    ``max_batch`` is a per-rank memory cap (one int for all, or one per rank); what a rank cannot
-    hold goes to the others in proportion to their speed. The dataset is split into
-    ``ceil(N / B)`` steps; the final step may be partial, with each rank keeping at least one
-    sample in it. Samples that cannot be placed that way (fewer than one per rank) are
-    reported in ``Plan.dropped``, never dropped silently.
+    ``speeds`` holds one entry per rank: a samples/s number (constant model, batches in
+    proportion) or a :class:`~hetgrad.perfmodel.StepModel` (e.g. the probe's affine fit, whose
+    fixed cost shifts work to the ranks it costs least). ``max_batch`` is a per-rank memory
+    cap (one int for all, or one per rank). The dataset is split into ``ceil(N / B)`` steps;
+    the final step may be partial, with each rank keeping at least one sample in it. Samples
+    that cannot be placed that way (fewer than one per rank) are reported in ``Plan.dropped``,
+    never dropped silently.
     """
-    speeds = _check_speeds(speeds)
-    p = len(speeds)
+    models = _models(speeds)
+    p = len(models)
     if int(global_batch) != global_batch or global_batch <= 0:
         raise ConfigError(f"global batch must be a positive integer, got {global_batch!r}",
                           field="global_batch")
@@ -193,28 +137,63 @@ def make_plan(speeds: Sequence[float], global_batch: int, dataset_size: int, *,
     if dataset_size < global_batch:
         raise ConfigError(f"dataset has {dataset_size} samples, fewer than the global batch "
                           f"{global_batch}", field="global_batch")
+    batches = equal_time_batches(models, int(global_batch), [min_batch] * p, caps)
+    return _plan_of(models, batches, int(dataset_size))
 
-    shares = _bounded_shares(global_batch, speeds, [min_batch] * p, caps)
-    batches = _round_preserving_sum(shares, global_batch, [min_batch] * p, caps)
 
-    steps = math.ceil(dataset_size / global_batch)
-    rest = dataset_size - (steps - 1) * global_batch  # samples for the final step, 1..B
-    dropped = 0
-    if rest < p:  # cannot give every rank a sample in a final step: drop it, say so
-        steps -= 1
-        dropped, rest = rest, 0
-    if rest:
-        last = _round_preserving_sum(_bounded_shares(rest, batches, [1] * p, batches), rest,
-                                     [1] * p, batches)
-    else:
-        last = list(batches)
+def fixed_plan(batches: Sequence[int], dataset_size: int) -> Plan:
+    """The plan with exactly these per-rank ``batches`` (e.g. a hand-made or searched split)."""
+    if not batches or any(int(b) != b or b < 1 for b in batches):
+        raise ConfigError(f"batches must be integers >= 1, got {list(batches)}", field="plan")
+    if dataset_size < sum(batches):
+        raise ConfigError(f"dataset has {dataset_size} samples, fewer than the global batch "
+                          f"{sum(batches)}", field="global_batch")
+    return _plan_of([constant(b) for b in batches], [int(b) for b in batches], int(dataset_size))
+
+
+def _plan_of(models: list[StepModel], batches: list[int], dataset_size: int) -> Plan:
+    """Shards with equal steps for ``batches``; the models' predicted step times recorded."""
+    p, global_batch = len(batches), sum(batches)
+    steps, last, dropped = _final_step(models, batches, global_batch, dataset_size)
     sizes = [(steps - 1) * b + l for b, l in zip(batches, last)]
-    starts = [sum(sizes[:r]) for r in range(p)]
-    plan = Plan(speeds=speeds, global_batch=int(global_batch), dataset_size=int(dataset_size),
-                batches=batches, shard_starts=starts, shard_sizes=sizes,
-                steps_per_epoch=steps, dropped=dropped)
+    times = [m.time(b) for m, b in zip(models, batches)]
+    plan = Plan(speeds=[m.samples_per_s / m.scale for m in models], global_batch=global_batch,
+                dataset_size=dataset_size, batches=batches,
+                shard_starts=[sum(sizes[:r]) for r in range(p)], shard_sizes=sizes,
+                steps_per_epoch=steps, dropped=dropped,
+                fixed_s=[m.fixed_s * m.scale for m in models],
+                predicted_step_s=max(times), predicted_times_s=times)
     plan.validate()
     return plan
+
+
+def _models(speeds: Sequence[float | StepModel]) -> list[StepModel]:
+    """Step models from numbers (constant speeds, checked) or models (kept)."""
+    if not len(speeds):
+        raise ConfigError("no speeds given", field="speeds")
+    out = []
+    for r, s in enumerate(speeds):
+        if isinstance(s, StepModel):
+            out.append(s)
+            continue
+        s = float(s)
+        if not math.isfinite(s) or s <= 0:
+            raise ConfigError(f"speed of rank {r} is {s!r}; speeds must be finite and > 0",
+                              field="speeds")
+        out.append(constant(s))
+    return out
+
+
+def _final_step(models, batches: list[int], global_batch: int,
+                dataset_size: int) -> tuple[int, list[int], int]:
+    """Steps per epoch, each rank's samples in the final (maybe partial) step, and the
+    samples dropped because the final step cannot give every rank one."""
+    p = len(batches)
+    steps = math.ceil(dataset_size / global_batch)
+    rest = dataset_size - (steps - 1) * global_batch  # samples for the final step, 1..B
+    if rest < p:
+        return steps - 1, list(batches), rest
+    return steps, equal_time_batches(models, rest, [1] * p, batches), 0
 
 
 def equal_plan(world_size: int, global_batch: int, dataset_size: int) -> Plan:

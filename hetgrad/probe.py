@@ -1,13 +1,14 @@
-"""Start-up probe: every rank times real training steps of the actual model and the results
-are allgathered, so all ranks know every rank's samples/s."""
+"""Start-up probe: every rank times real training steps of the actual model at several batch
+sizes, fits its step-time model (:mod:`hetgrad.perfmodel`), and the results are allgathered,
+so all ranks know every rank's model."""
 from __future__ import annotations
 
 import socket
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -15,53 +16,78 @@ from .comm import Comm
 from .compat import keras
 from .errors import InputFileError
 from .io import read_json, write_json
+from .perfmodel import StepModel, fit
 
 
 @dataclass
 class ProbeResult:
+    """One rank's probe: the measured ``points`` (``[batch, median seconds per step]``) and
+    the step-time model fitted to them (:func:`hetgrad.perfmodel.fit`)."""
+
     rank: int
     host: str
     device: str
     samples_per_s: float
-    probe_batch: int
-    step_times_s: list[float]
+    fixed_s: float = 0.0
+    points: list[list[float]] = field(default_factory=list)
+    fit_error: float = 0.0
+    kind: str = "affine"
+    step_times_s: list = field(default_factory=list)   # per point: every timed step
+    probe_batch: int | None = None                      # files from before the model
+
+    def __post_init__(self):
+        if not self.points and self.probe_batch:  # old file: one size, constant speed
+            self.points = [[self.probe_batch, self.probe_batch / self.samples_per_s]]
+            self.kind = "constant"
+
+    def model(self) -> StepModel:
+        return StepModel(self.fixed_s, self.samples_per_s, self.kind,
+                         [list(p) for p in self.points], self.fit_error)
 
 
-def measure(model: keras.Model, input_shape, num_classes: int, *, batch: int = 32,
+def measure(model: keras.Model, input_shape, num_classes: int, *, batches: Sequence[int],
             warmup: int = 3, steps: int = 10, seed: int = 0,
-            before_step: Callable[[int], None] | None = None) -> tuple[float, list[float]]:
-    """Median samples/s of ``model.train_on_batch`` on a synthetic batch of the real shape.
+            before_step: Callable[[int], None] | None = None) -> tuple[list, list]:
+    """Median seconds per ``model.train_on_batch`` step at each batch size, on synthetic
+    batches of the real shape: ``([[batch, seconds], ...], [step times per batch])``.
 
     The model must be compiled; its weights change (probe on a throw-away copy).
     ``before_step(n)`` runs inside each timed step (speed emulation).
     """
     before_step = before_step or (lambda n: None)
     rng = np.random.default_rng(seed)
-    x = rng.random((batch, *input_shape), dtype=np.float32)
-    y = rng.integers(0, num_classes, size=batch)
-    for _ in range(warmup):
-        before_step(batch)
-        model.train_on_batch(x, y)
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        before_step(batch)
-        model.train_on_batch(x, y)
-        times.append(time.perf_counter() - t0)
-    return batch / statistics.median(times), times
+    points, all_times = [], []
+    for batch in batches:
+        x = rng.random((batch, *input_shape), dtype=np.float32)
+        y = rng.integers(0, num_classes, size=batch)
+        for _ in range(warmup):  # also traces the step for this shape
+            before_step(batch)
+            model.train_on_batch(x, y)
+        times = []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            before_step(batch)
+            model.train_on_batch(x, y)
+            times.append(time.perf_counter() - t0)
+        points.append([int(batch), statistics.median(times)])
+        all_times.append(times)
+    return points, all_times
 
 
-def run_probe(comm: Comm, build_model: Callable[[], keras.Model], input_shape, num_classes: int, *,
-              device: str, batch: int = 32, warmup: int = 3, steps: int = 10,
+def run_probe(comm: Comm, build_model: Callable[[], keras.Model], input_shape, num_classes: int,
+              *, device: str, batches: Sequence[int], warmup: int = 3, steps: int = 10,
               before_step: Callable[[int], None] | None = None,
               timeout: float = 300.0) -> list[ProbeResult]:
-    """Probe this rank (``before_step(n)``: e.g. speed emulation) and allgather the results."""
+    """Probe this rank at each of ``batches`` (``before_step(n)``: e.g. speed emulation), fit
+    its step-time model, and allgather every rank's result."""
     model = build_model()
     model.compile(optimizer=keras.optimizers.SGD(0.0),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    sps, times = measure(model, input_shape, num_classes, batch=batch, warmup=warmup, steps=steps,
-                         before_step=before_step)
-    mine = ProbeResult(comm.rank, socket.gethostname(), device, sps, batch, times)
+    points, times = measure(model, input_shape, num_classes, batches=batches, warmup=warmup,
+                            steps=steps, before_step=before_step)
+    m = fit(points)
+    mine = ProbeResult(comm.rank, socket.gethostname(), device, m.samples_per_s, m.fixed_s,
+                       m.points, m.fit_error, m.kind, times)
     return [ProbeResult(**d) for d in comm.gather_with_timeout(asdict(mine), timeout)]
 
 

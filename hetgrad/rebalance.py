@@ -4,10 +4,12 @@ A synchronous step on rank ``i`` is *busy* (load data, forward, backward: its ow
 *waits* in the gradient exchange for the slowest rank. :class:`~hetgrad.timing.StepTimer`
 splits the two inside the training graph with two ``tf.timestamp`` ops, so the measurement
 costs no extra step and no probe. After an epoch :class:`Rebalancer` gathers every rank's busy
-time, turns it into a measured speed ``samples_i / busy_i`` and, when the ranks' busy times
-differ by more than a threshold, builds a new plan with the same global batch (so the same
-steps per epoch and the same optimisation) for the next epoch. Every rank computes the same
-plan from the same gathered numbers; nothing is broadcast.
+time per step, a new point of that rank's step-time model (:class:`OnlineModel`: the probe's
+curve, rescaled to what training measures, recent epochs weighing more), and re-plans with
+the same global batch (so the same steps per epoch and the same optimisation) only when the
+new plan's predicted epoch time is shorter by more than the threshold and than the noise seen
+between epochs (hysteresis: steady speeds give no churn, a real slowdown is acted on after
+one epoch). Every rank computes the same plan from the same gathered numbers.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from typing import Sequence
 
 from .errors import ConfigError
 from .partition import Plan, make_plan
+from .perfmodel import StepModel, constant
 
 
 @dataclass
@@ -26,9 +29,13 @@ class EpochBalance:
     busy_s: list[float]
     wait_s: list[float]
     measured_samples_per_s: list[float]
+    measured_step_s: list[float]   # busy / steps: the new point of each rank's model
     imbalance: float               # max(busy) / mean(busy) - 1
     batches: list[int]             # the plan used in that epoch
     warmup: bool = False           # first epoch of a process: measured, never acted on
+    scales: list[float] | None = None    # each rank's model correction after this epoch
+    noise: float = 0.0             # typical epoch-to-epoch change of a rank's step time
+    predicted_gain: float = 0.0    # old plan's predicted epoch time / the candidate's - 1
     replanned: bool = False
     new_batches: list[int] | None = None
     predicted_speedup: float = 1.0  # epoch time with the old plan / with the new one
@@ -40,47 +47,92 @@ def imbalance(busy: Sequence[float]) -> float:
     return max(busy) / mean - 1.0 if mean > 0 else 0.0
 
 
-class Rebalancer:
-    """Re-plan at an epoch boundary when ``imbalance(busy) > threshold``.
+class OnlineModel:
+    """One rank's step time: its probe model times a scale fitted to the measured points
+    ``(b, seconds per step)`` (weights ``decay ** age``); a point off by more than ``jump``
+    (relative) from the current fit is a change of speed, and the older points are dropped."""
 
-    ``comm`` needs only ``allgather`` (mpi4py's communicator). The new plan keeps the global
-    batch, the dataset size and the per-rank bounds, and is taken only if it changes a batch.
-    With ``threshold=None`` it only measures (every epoch still gets an :class:`EpochBalance`).
-    The first epoch it sees is only recorded: it holds the step's tracing and warm-up, which
-    are not the ranks' speeds (a re-plan on it was seen to make the next epoch worse).
+    def __init__(self, base: StepModel, decay: float = 0.5, jump: float = 0.2):
+        self.base, self.decay, self.jump = base, decay, jump
+        self.points: list[tuple[float, float]] = []
+        self.changes: list[float] = []   # relative misses of each new point (noise)
+
+    def scale(self) -> float:
+        if not self.points:
+            return 1.0
+        w = [self.decay ** (len(self.points) - 1 - k) for k in range(len(self.points))]
+        num = sum(wk * t * self.base.time(b) for wk, (b, t) in zip(w, self.points))
+        return num / sum(wk * self.base.time(b) ** 2 for wk, (b, _) in zip(w, self.points))
+
+    def add(self, b: float, t: float) -> None:
+        if self.points:
+            miss = abs(t / self.model().time(b) - 1.0)
+            self.changes.append(miss)
+            if miss > self.jump:
+                self.points = []
+        self.points.append((float(b), float(t)))
+
+    def model(self) -> StepModel:
+        return self.base.scaled(self.scale())
+
+
+class Rebalancer:
+    """Measure every epoch, update each rank's :class:`OnlineModel`, re-plan when it pays.
+
+    ``comm`` needs only ``allgather``. ``models``: the probe's step models (None: constant
+    models from the plan's speeds). With ``threshold=None`` it only measures. The first epoch
+    it sees is only recorded: it holds the step's tracing and warm-up, not the ranks' speeds.
     """
 
-    def __init__(self, comm, *, threshold: float | None = 0.05, min_batch: int = 1,
+    def __init__(self, comm, *, models: Sequence[StepModel] | None = None,
+                 threshold: float | None = 0.03, min_batch: int = 1,
                  max_batch: Sequence[int] | int | None = None):
         if threshold is not None and not threshold >= 0:
             raise ConfigError(f"must be >= 0, got {threshold}", field="rebalance_threshold")
         self.comm = comm
         self.threshold = threshold
-        self.min_batch = min_batch
-        self.max_batch = max_batch
+        self.min_batch, self.max_batch = min_batch, max_batch
+        self.online = [OnlineModel(m) for m in models] if models is not None else None
         self.history: list[EpochBalance] = []
 
     def after_epoch(self, epoch: int, plan: Plan, busy_s: float, wait_s: float) -> Plan:
         """Gather every rank's timing for ``epoch`` (0-based) and return the plan for the next."""
         rows = self.comm.allgather((float(busy_s), float(wait_s)))
         busy = [max(b, 1e-9) for b, _ in rows]
-        speeds = [n / b for n, b in zip(plan.shard_sizes, busy)]
+        step_s = [b / plan.steps_per_epoch for b in busy]
         entry = EpochBalance(epoch=epoch + 1, busy_s=busy, wait_s=[w for _, w in rows],
-                             measured_samples_per_s=speeds, imbalance=imbalance(busy),
-                             batches=list(plan.batches))
-        entry.warmup = not self.history
-        new = plan
-        if self.threshold is not None and not entry.warmup and entry.imbalance > self.threshold:
-            candidate = make_plan(speeds, plan.global_batch, plan.dataset_size,
-                                  min_batch=self.min_batch, max_batch=self.max_batch)
-            if candidate.batches != plan.batches:
-                old_t = max(n / s for n, s in zip(plan.shard_sizes, speeds))
-                new_t = max(n / s for n, s in zip(candidate.shard_sizes, speeds))
-                entry.replanned, entry.new_batches = True, list(candidate.batches)
-                entry.predicted_speedup = old_t / new_t
-                new = candidate
+                             measured_samples_per_s=[n / b for n, b in zip(plan.shard_sizes,
+                                                                           busy)],
+                             measured_step_s=step_s, imbalance=imbalance(busy),
+                             batches=list(plan.batches), warmup=not self.history)
         self.history.append(entry)
-        return new
+        if self.online is None:
+            self.online = [OnlineModel(constant(s)) for s in plan.speeds]
+        if entry.warmup:
+            return plan
+        for model, b, t in zip(self.online, plan.batches, step_s):
+            model.add(b, t)
+        entry.scales = [m.scale() for m in self.online]
+        entry.noise = self.noise()
+        return self._decide(entry, plan)
+
+    def noise(self) -> float:
+        """The median relative miss of the models' earlier predictions (not this epoch's)."""
+        misses = sorted(c for m in self.online for c in m.changes[-4:-1])
+        return misses[len(misses) // 2] if misses else 0.0
+
+    def _decide(self, entry: EpochBalance, plan: Plan) -> Plan:
+        models = [m.model() for m in self.online]
+        candidate = make_plan(models, plan.global_batch, plan.dataset_size,
+                              min_batch=self.min_batch, max_batch=self.max_batch)
+        old_t = max(m.time(b) for m, b in zip(models, plan.batches))
+        entry.predicted_gain = old_t / candidate.predicted_step_s - 1.0
+        if (self.threshold is None or candidate.batches == plan.batches
+                or entry.predicted_gain <= max(self.threshold, 2 * entry.noise)):
+            return plan
+        entry.replanned, entry.new_batches = True, list(candidate.batches)
+        entry.predicted_speedup = entry.predicted_gain + 1.0
+        return candidate
 
     def records(self) -> list[dict]:
         return [asdict(e) for e in self.history]

@@ -19,11 +19,12 @@ def build_record(*, config: dict, world_size: int, device: str, controller: str,
                  sparse_bytes_per_rank: Sequence[dict] | None = None) -> dict:
     """Summaries over ``epochs`` (rank 0's rows, with its test scores) and the raw inputs.
 
-    ``samples_per_s`` is the samples trained per epoch over the median epoch time;
+    ``samples_per_s`` is the samples trained per epoch over the median epoch time (without
+    the first epoch, which traces the step, when there are more);
     ``throughput_efficiency`` divides it by the sum of the probed rates (what perfect balance
     with no communication would reach)."""
     times = [row["time_s"] for row in epochs]
-    median = float(statistics.median(times))
+    median = float(statistics.median(times[1:] if len(times) > 1 else times))
     achieved = (final_plan.dataset_size - final_plan.dropped) / median
     ideal = sum(p["samples_per_s"] for p in probe)
     record = {

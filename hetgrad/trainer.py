@@ -15,7 +15,6 @@ import tensorflow as tf
 from . import data as data_mod, models, probe
 from .actions import Action, Balance, Checkpointing, Emulation, Evaluation, SparseStats
 from .checkpoint import Checkpointer, read_state
-from . import compat
 from .compat import keras
 from .config import TrainConfig
 from .emulate import SpeedEmulator, parse_schedule
@@ -24,6 +23,7 @@ from .io import write_json
 from .keras import DistributedOptimizer, count_samples
 from .loop import run_epochs
 from .partition import Plan, equal_plan, make_plan
+from .perfmodel import probe_batches
 from .rebalance import Rebalancer
 from .record import build_record, sparse_bytes
 from .runtime import configure_tf, init
@@ -115,9 +115,17 @@ def measure_ranks(cfg: TrainConfig, comm, data, device: str, state: dict | None 
     with tf.device(device):
         return probe.run_probe(
             comm, lambda: models.build(cfg.model, data.input_shape, data.num_classes),
-            data.input_shape, data.num_classes, device=device, batch=cfg.probe_batch,
-            steps=cfg.probe_steps, timeout=cfg.probe_timeout,
+            data.input_shape, data.num_classes, device=device,
+            batches=probe_sizes(cfg, comm.rank, comm.size), steps=cfg.probe_steps,
+            timeout=cfg.probe_timeout,
             before_step=emulation.emulator.pause if emulation else None)
+
+
+def probe_sizes(cfg: TrainConfig, rank: int, size: int) -> list[int]:
+    """Rank ``rank``'s probe batches: geometric up to ``--probe-batch`` (default B), capped."""
+    cap = cfg.max_batch[rank] if isinstance(cfg.max_batch, list) else cfg.max_batch
+    top = min(cfg.probe_batch or cfg.global_batch, cap or cfg.global_batch)
+    return probe_batches(top, cfg.global_batch, size, cfg.probe_sizes)
 
 
 def choose_plan(cfg: TrainConfig, size: int, n_train: int, probed: list) -> Plan:
@@ -135,7 +143,7 @@ def choose_plan(cfg: TrainConfig, size: int, n_train: int, probed: list) -> Plan
         return equal_plan(size, cfg.global_batch, n_train)
     if cfg.speeds is not None and len(cfg.speeds) != size:
         raise ConfigError(f"{len(cfg.speeds)} speeds for {size} ranks", field="speeds")
-    speeds = cfg.speeds if cfg.speeds is not None else [r.samples_per_s for r in probed]
+    speeds = cfg.speeds if cfg.speeds is not None else [r.model() for r in probed]
     return make_plan(speeds, cfg.global_batch, n_train, min_batch=cfg.min_batch,
                      max_batch=cfg.max_batch)
 
@@ -147,12 +155,10 @@ def base_optimizer(cfg: TrainConfig):
 
 
 def baseline_optimizer(optimizer, size: int):
-    """Horovod's plain average of the ranks' gradients: its own Keras optimizer where that
-    aggregates (Keras 2), else hetgrad's with the equal share ``1 / size`` (the same sum)."""
-    if compat.KERAS3:
-        return DistributedOptimizer(optimizer, weight=1.0 / size, check_finite=False)
-    import horovod.tensorflow as hvd
-    return compat.horovod_keras().DistributedOptimizer(optimizer, op=hvd.Average)
+    """Horovod's plain average of the ranks' gradients, as hetgrad's optimizer with the equal
+    share ``1 / size`` (the same sum as Horovod's ``op=Average``: tests/test_horovod_parity.py),
+    so the baselines are timed by the same busy/wait timers as the weighted mode."""
+    return DistributedOptimizer(optimizer, weight=1.0 / size, check_finite=False)
 
 
 def _compile(job: Job):
@@ -185,11 +191,12 @@ def default_actions(job: Job) -> list[Action]:
     test = tf.data.Dataset.from_tensor_slices((job.data.x_test, job.data.y_test)).batch(512)
     actions.append(Evaluation(test, verbose))
     if job.aggregation is not None:  # measures every epoch; re-plans only with --rebalance
-        actions.append(Balance(Rebalancer(job.comm,
-                                          threshold=cfg.rebalance_threshold if cfg.rebalance
-                                          else None,
-                                          min_batch=cfg.min_batch, max_batch=cfg.max_batch),
-                               verbose))
+        planned_by_probe = not (cfg.plan or cfg.speeds or cfg.mode == "equal")
+        rebalancer = Rebalancer(
+            job.comm, models=[p.model() for p in job.probe] if planned_by_probe else None,
+            threshold=cfg.rebalance_threshold if cfg.rebalance else None,
+            min_batch=cfg.min_batch, max_batch=cfg.max_batch)
+        actions.append(Balance(rebalancer, verbose))
     if isinstance(job.reducer, SparseReducer):
         actions.append(SparseStats(job.reducer))
     actions.append(Checkpointing(job.checkpointer, job.reducer))

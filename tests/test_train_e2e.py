@@ -1,5 +1,4 @@
 """`hetgrad train` on 3 real ranks with emulated unequal speeds, end to end."""
-import json
 import math
 
 from conftest import hetgrad_mpi, read_json

@@ -1,0 +1,141 @@
+"""Per-rank performance models: seconds per step as a function of the local batch.
+
+A step costs a fixed part (framework, kernel launches, input pipeline, exchange start) plus a
+part that grows with the batch, so the model is affine, ``t(b) = a + b / s``, fitted by least
+squares to the probe's points. Where the affine fit is off by more than
+:data:`PIECEWISE_ABOVE` at some point, the model is the piecewise-linear curve through the points
+(FuPerMod's functional model), extended by its end segments. A constant speed is ``a = 0``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Sequence
+
+PIECEWISE_ABOVE = 0.10  # largest relative error of the affine fit before going piecewise
+
+
+@dataclass
+class StepModel:
+    """``t(b) = scale * (fixed_s + b / samples_per_s)`` (affine) or ``scale *`` the
+    piecewise-linear curve through ``points`` (``kind == "piecewise"``)."""
+
+    fixed_s: float
+    samples_per_s: float
+    kind: str = "affine"
+    points: list[list[float]] = field(default_factory=list)   # [batch, seconds per step]
+    fit_error: float = 0.0                                      # max |fit - t| / t on points
+    scale: float = 1.0                                          # online correction (rebalancer)
+
+    def time(self, b: float) -> float:
+        """Predicted seconds per step at local batch ``b``."""
+        if self.kind == "piecewise":
+            return self.scale * _interpolate(self.points, b)
+        return self.scale * (self.fixed_s + b / self.samples_per_s)
+
+    def scaled(self, scale: float) -> "StepModel":
+        return StepModel(**{**asdict(self), "scale": float(scale)})
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def constant(samples_per_s: float) -> StepModel:
+    """The constant-speed model (no fixed cost): the old plans' special case."""
+    return StepModel(fixed_s=0.0, samples_per_s=float(samples_per_s), kind="constant")
+
+
+def fit(points: Sequence[Sequence[float]]) -> StepModel:
+    """Least-squares ``t = a + b / s`` through ``points`` (``[batch, seconds]``, >= 1 point),
+    with ``a >= 0``; piecewise-linear instead where the affine fit misses a point by > 10 %."""
+    pts = sorted([float(b), float(t)] for b, t in points)
+    if not pts or any(b <= 0 or not t > 0 for b, t in pts):
+        raise ValueError(f"probe points must have batch > 0 and time > 0, got {points}")
+    a, c = _least_squares(pts)
+    if a < 0 or c <= 0:  # through the origin instead (a = 0)
+        a, c = 0.0, sum(b * t for b, t in pts) / sum(b * b for b, _ in pts)
+    model = StepModel(fixed_s=a, samples_per_s=1.0 / c, points=pts)
+    model.fit_error = max(abs(model.time(b) - t) / t for b, t in pts)
+    if model.fit_error > PIECEWISE_ABOVE and len(pts) >= 2:
+        model.kind = "piecewise"
+    return model
+
+
+def _least_squares(pts: list[list[float]]) -> tuple[float, float]:
+    """Intercept and slope of the least-squares line (slope only with one distinct batch)."""
+    n = len(pts)
+    mb = sum(b for b, _ in pts) / n
+    mt = sum(t for _, t in pts) / n
+    sbb = sum((b - mb) ** 2 for b, _ in pts)
+    if sbb == 0:
+        return 0.0, mt / mb
+    c = sum((b - mb) * (t - mt) for b, t in pts) / sbb
+    return mt - c * mb, c
+
+
+def _interpolate(pts: list[list[float]], b: float) -> float:
+    """The piecewise-linear curve through ``pts``, made non-decreasing, extended linearly."""
+    mono, top = [], 0.0
+    for pb, pt in pts:
+        top = max(top, pt)
+        mono.append((pb, top))
+    if len(mono) == 1:
+        return mono[0][1] * b / mono[0][0]
+    i = 1
+    while i < len(mono) - 1 and b > mono[i][0]:
+        i += 1
+    (b0, t0), (b1, t1) = mono[i - 1], mono[i]
+    slope = (t1 - t0) / (b1 - b0) if b1 > b0 else 0.0
+    return max(t0 + slope * (b - b0), 1e-12)
+
+
+def probe_batches(top: int, global_batch: int, world_size: int, count: int = 3) -> list[int]:
+    """``count`` geometric batch sizes covering the local batches a plan may give:
+    from ``B / (4 P)`` up to ``top`` (the largest a rank may get or hold)."""
+    hi = max(1, int(top))
+    lo = max(1, min(hi, global_batch // (4 * world_size)))
+    if count == 1 or lo == hi:
+        return [hi]
+    ratio = (hi / lo) ** (1.0 / (count - 1))
+    return sorted({min(hi, max(1, round(lo * ratio ** k))) for k in range(count)})
+
+
+def equal_time_batches(models: Sequence[StepModel], total: int, lo: Sequence[int],
+                       hi: Sequence[int]) -> list[int]:
+    """Integer batches summing to ``total`` within ``[lo, hi]`` that minimise the slowest
+    predicted step ``max_i t_i(b_i)``: start at the water level found by bisection on the
+    common time T, then hand out the rest one sample at a time to the rank that stays fastest."""
+    if sum(lo) > total or sum(hi) < total:
+        raise ValueError(f"bounds {list(lo)}..{list(hi)} cannot hold {total}")
+    level = _water_level(models, total, lo, hi)
+    out = [min(max(lo[i], math.floor(_batch_at(m, level))), hi[i])
+           for i, m in enumerate(models)]
+    while sum(out) > total:  # cannot happen for increasing t; kept as a guard
+        i = max((j for j in range(len(out)) if out[j] > lo[j]), key=lambda j: models[j].time(out[j]))
+        out[i] -= 1
+    while sum(out) < total:
+        i = min((j for j in range(len(out)) if out[j] < hi[j]),
+                key=lambda j: (models[j].time(out[j] + 1), j))
+        out[i] += 1
+    return out
+
+
+def _batch_at(model: StepModel, level: float) -> float:
+    """The largest batch whose predicted time is at most ``level`` (bisection on b)."""
+    lo, hi = 0.0, 1.0
+    while model.time(hi) <= level and hi < 1e9:
+        hi *= 2
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if model.time(mid) <= level else (lo, mid)
+    return lo
+
+
+def _water_level(models, total, lo, hi) -> float:
+    """The common step time T at which the clamped batches ``b_i(T)`` sum to ``total``."""
+    low, high = 0.0, max(m.time(h) for m, h in zip(models, hi))
+    for _ in range(80):
+        mid = (low + high) / 2
+        got = sum(min(max(l, _batch_at(m, mid)), h) for m, l, h in zip(models, lo, hi))
+        low, high = (mid, high) if got < total else (low, mid)
+    return low

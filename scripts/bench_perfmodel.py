@@ -1,0 +1,196 @@
+#!/usr/bin/env python
+"""Plans from the performance model vs the constant-speed plan, Horovod's equal split and an
+oracle, under emulated and real (CPU-affinity) heterogeneity.
+
+Per scenario, first an oracle search: short runs of a grid of static batch splits around the
+affine plan (every ordered pair of ranks, one step of samples moved), the best by median epoch
+time becomes the ``oracle`` arm. Then the arms, interleaved (the order turns every repeat):
+
+- ``equal``: Horovod's split (``--mode equal``);
+- ``constant``: the old plan, one probe size, constant speed (``--probe-sizes 1``);
+- ``affine``: the default, probe at 3 sizes, equal predicted step time;
+- ``rebalance``: affine plus ``--rebalance`` (the online model);
+- ``oracle``: the best split the grid found (``--plan``).
+
+Throughput = samples per epoch / median epoch time without the first (tracing) epoch. Writes
+JSON (every record's summary) and a bar plot.
+
+    .venv/bin/python scripts/bench_perfmodel.py --out results/bench_perfmodel.json
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+EMU = ["--emulate-unit", "2e-3"]
+SCENARIOS = {  # name: (ranks, train args, pin ranks to cores: rank -> core)
+    "emu-1124-B96": (4, ["--data", "digits", "-B", "96", "--emulate-speeds", "1,1,2,4", *EMU],
+                     None),
+    "emu-1124-B512": (4, ["--data", "synthetic", "-B", "512", "--emulate-speeds", "1,1,2,4",
+                          *EMU], None),
+    "emu-18-B96": (2, ["--data", "digits", "-B", "96", "--emulate-speeds", "1,8", *EMU], None),
+    "emu-18-B512": (2, ["--data", "synthetic", "-B", "512", "--emulate-speeds", "1,8", *EMU],
+                    None),
+    # real compute heterogeneity: rank 0 alone on core 0, ranks 1 and 2 share core 1
+    "real-cnn-3ranks": (3, ["--data", "synthetic", "--model", "cnn", "-B", "128"], [0, 1, 1]),
+}
+ARMS = {"equal": ["--mode", "equal"], "constant": ["--probe-sizes", "1"], "affine": [],
+        "rebalance": ["--rebalance"], "oracle": None}
+
+
+def launch(np_: int, args: list[str], pins: list[int] | None, out: Path) -> dict:
+    """``hetgrad train ARGS`` on local ranks (pinned with taskset when ``pins``)."""
+    from hetgrad.cli import mpirun_command
+    cmd = mpirun_command(np_, ["train", *args, "--quiet", "--out", str(out)])
+    if pins:
+        i = cmd.index(sys.executable)
+        cases = " ".join(f"{r}) c={c};;" for r, c in enumerate(pins))
+        shell = f'case $OMPI_COMM_WORLD_RANK in {cases} esac; exec taskset -c $c "$@"'
+        cmd = cmd[:i] + ["sh", "-c", shell, "sh"] + cmd[i:]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    if p.returncode != 0:
+        raise SystemExit(f"bench_perfmodel: run failed: {' '.join(args)}\n{p.stderr[-3000:]}")
+    return json.loads(out.read_text())
+
+
+def summary(rec: dict) -> dict:
+    """What the tables need from one record."""
+    plan, bal = rec["plan"], rec["balance"]
+    steady = [e for e in bal if e["epoch"] >= 2 and e["batches"] == rec["final_plan"]["batches"]]
+    measured_step = rec["median_epoch_time_s"] / rec["final_plan"]["steps_per_epoch"]
+    return {"batches": plan["batches"], "final_batches": rec["final_plan"]["batches"],
+            "samples_per_s": rec["samples_per_s"],
+            "sum_probed_samples_per_s": rec["ideal_samples_per_s"],
+            "efficiency": rec["throughput_efficiency"],
+            "predicted_step_s": plan.get("predicted_step_s"), "measured_step_s": measured_step,
+            "steady_imbalance": statistics.median(e["imbalance"] for e in steady)
+            if steady else None,
+            "replans_after_epoch_2": sum(e["replanned"] for e in bal if e["epoch"] >= 2),
+            "probe": [{k: p[k] for k in ("points", "fixed_s", "samples_per_s", "fit_error",
+                                          "kind")} for p in rec["probe"]],
+            "final_test_accuracy": rec["final_test_accuracy"]}
+
+
+def grid(batches: list[int], step: int) -> list[list[int]]:
+    """The split itself and every split with ``step`` samples moved from one rank to another."""
+    out = [list(batches)]
+    for i, j in itertools.permutations(range(len(batches)), 2):
+        if batches[i] - step >= 1:
+            moved = list(batches)
+            moved[i] -= step
+            moved[j] += step
+            out.append(moved)
+    return out
+
+
+def oracle_search(name, np_, args, pins, epochs, tmp: Path) -> dict:
+    """Run the grid around the affine plan; return the best split and every split's time."""
+    from hetgrad.partition import fixed_plan
+    base = launch(np_, [*args, "--epochs", "2"], pins, tmp / f"{name}-base.json")
+    batches, n = base["plan"]["batches"], base["plan"]["dataset_size"]
+    step = max(1, sum(batches) // 48)
+    tried = []
+    for k, split in enumerate(grid(batches, step)):
+        path = tmp / f"{name}-grid{k}.plan.json"
+        fixed_plan(split, n).save(path)
+        rec = launch(np_, [*args, "--plan", str(path), "--epochs", str(max(3, epochs - 1))],
+                     pins, tmp / f"{name}-grid{k}.json")
+        tried.append({"batches": split, "samples_per_s": rec["samples_per_s"]})
+        print(f"{name} grid {split}: {rec['samples_per_s']:.0f} samples/s", flush=True)
+    best = max(tried, key=lambda t: t["samples_per_s"])
+    path = tmp / f"{name}-oracle.plan.json"
+    fixed_plan(best["batches"], n).save(path)
+    return {"plan_file": str(path), "best": best["batches"], "grid": tried}
+
+
+def run_scenario(name: str, epochs: int, repeats: int, tmp: Path) -> dict:
+    np_, args, pins = SCENARIOS[name]
+    oracle = oracle_search(name, np_, args, pins, epochs, tmp)
+    runs: dict[str, list] = {arm: [] for arm in ARMS}
+    for rep in range(repeats):
+        order = list(ARMS) if rep % 2 == 0 else list(ARMS)[::-1]
+        for arm in order:
+            extra = ARMS[arm] if ARMS[arm] is not None else ["--plan", oracle["plan_file"]]
+            rec = launch(np_, [*args, *extra, "--epochs", str(epochs), "--seed", str(rep)],
+                         pins, tmp / f"{name}-{arm}-{rep}.json")
+            runs[arm].append(summary(rec))
+            print(f"{name} {arm} rep {rep}: {runs[arm][-1]['samples_per_s']:.0f} samples/s "
+                  f"batches {runs[arm][-1]['final_batches']}", flush=True)
+    return {"ranks": np_, "args": args, "pins": pins, "oracle_search": oracle, "runs": runs,
+            "table": table(runs)}
+
+
+def table(runs: dict[str, list]) -> dict:
+    """Per arm: median throughput, its ratio to the oracle's, and the model's checks."""
+    med = {arm: statistics.median(r["samples_per_s"] for r in rs) for arm, rs in runs.items()}
+    out = {}
+    for arm, rs in runs.items():
+        row = {"samples_per_s_median": med[arm], "over_oracle": med[arm] / med["oracle"],
+               "over_equal": med[arm] / med["equal"],
+               "efficiency_median": statistics.median(r["efficiency"] for r in rs),
+               "ratios_over_oracle_per_repeat": [r["samples_per_s"] / o["samples_per_s"]
+                                                 for r, o in zip(rs, runs["oracle"])],
+               "replans_after_epoch_2": [r["replans_after_epoch_2"] for r in rs],
+               "final_test_accuracy_mean": statistics.mean(r["final_test_accuracy"] for r in rs)}
+        imb = [r["steady_imbalance"] for r in rs if r["steady_imbalance"] is not None]
+        row["steady_imbalance_median"] = statistics.median(imb) if imb else None
+        pred = [r["predicted_step_s"] / r["measured_step_s"] for r in rs
+                if r["predicted_step_s"] and r["batches"] == r["final_batches"]]
+        row["predicted_over_measured_step"] = statistics.median(pred) if pred else None
+        out[arm] = row
+    return out
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    names = list(result["scenarios"])
+    arms = list(ARMS)
+    fig, ax = plt.subplots(figsize=(2.2 * len(names) + 2, 4))
+    width = 0.8 / len(arms)
+    for k, arm in enumerate(arms):
+        vals = [result["scenarios"][n]["table"][arm]["over_oracle"] for n in names]
+        ax.bar([i + k * width for i in range(len(names))], vals, width, label=arm)
+    ax.axhline(0.97, color="grey", ls="--", lw=0.8, label="0.97 of oracle")
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(names))], names, fontsize=8)
+    ax.set_ylabel("throughput / oracle's (median of repeats)")
+    ax.set_ylim(0, 1.15)
+    ax.legend(fontsize=8, ncol=3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scenarios", default=",".join(SCENARIOS))
+    ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", default="results/bench_perfmodel.json")
+    ap.add_argument("--plot", default="docs/img/perfmodel.png")
+    args = ap.parse_args()
+    out = Path(args.out)
+    result = json.loads(out.read_text()) if out.exists() else {"scenarios": {}}
+    result.update(epochs=args.epochs, repeats=args.repeats)
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.scenarios.split(","):
+            result["scenarios"][name] = run_scenario(name, args.epochs, args.repeats, Path(tmp))
+            print(name, json.dumps(result["scenarios"][name]["table"], indent=1), flush=True)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(result, indent=2))  # after every scenario: resumable
+    plot(result, ROOT / args.plot)
+    print(f"bench_perfmodel: {out}, {args.plot}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,134 @@
+"""Step-time models (affine fit, piecewise fallback) and the equal-time partitioner."""
+import itertools
+import json
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from hetgrad.partition import Plan, make_plan
+from hetgrad.probe import ProbeResult
+from hetgrad.perfmodel import (StepModel, constant, equal_time_batches, fit, probe_batches)
+
+
+def test_affine_fit_recovers_fixed_cost_and_speed():
+    m = fit([[8, 0.004 + 8 / 2000], [32, 0.004 + 32 / 2000], [128, 0.004 + 128 / 2000]])
+    assert m.kind == "affine"
+    assert m.fixed_s == pytest.approx(0.004, rel=1e-9)
+    assert m.samples_per_s == pytest.approx(2000, rel=1e-9)
+    assert m.fit_error < 1e-9
+    assert m.time(64) == pytest.approx(0.004 + 64 / 2000)
+
+
+def test_negative_intercept_falls_back_to_the_origin():
+    m = fit([[10, 0.001], [20, 0.004], [40, 0.010]])  # least squares would give a < 0
+    assert m.fixed_s == 0.0 and m.samples_per_s > 0
+
+
+def test_curve_that_is_not_affine_goes_piecewise_through_the_points():
+    pts = [[8, 0.010], [32, 0.011], [128, 0.060]]  # flat, then steep (e.g. out of cache)
+    m = fit(pts)
+    assert m.fit_error > 0.10 and m.kind == "piecewise"
+    for b, t in pts:
+        assert m.time(b) == pytest.approx(t)
+    assert m.time(80) == pytest.approx(0.011 + (80 - 32) * (0.049 / 96))
+    assert m.time(256) > m.time(128)  # extended by the end segment
+
+
+def test_probe_batches_cover_the_plans_local_batches():
+    assert probe_batches(96, 96, 4) == [6, 24, 96]
+    assert probe_batches(128, 512, 2) == [64, 91, 128]   # capped by memory
+    assert probe_batches(4, 4, 4) == [1, 2, 4]
+    assert probe_batches(64, 96, 4, count=1) == [64]
+
+
+def test_fixed_cost_moves_work_to_where_it_costs_least():
+    # same speed, rank 1 pays 10 ms more per step: it must get a smaller batch
+    models = [StepModel(0.0, 1000.0), StepModel(0.010, 1000.0)]
+    plan = make_plan(models, 96, 960)
+    assert plan.batches == [53, 43]   # 53/1000 = 0.053, 0.010 + 43/1000 = 0.053
+    assert max(plan.predicted_times_s) == plan.predicted_step_s
+    assert plan.predicted_step_s == pytest.approx(0.053)
+    assert make_plan([1000.0, 1000.0], 96, 960).batches == [48, 48]  # constant model
+
+
+def brute_force(models, total, lo, hi):
+    best = None
+    for combo in itertools.product(*[range(l, h + 1) for l, h in zip(lo, hi)]):
+        if sum(combo) == total:
+            worst = max(m.time(b) for m, b in zip(models, combo))
+            best = worst if best is None else min(best, worst)
+    return best
+
+
+model_st = st.builds(StepModel, st.floats(0.0, 0.05), st.floats(10.0, 5000.0))
+
+
+@settings(max_examples=200, deadline=None)
+@given(models=st.lists(model_st, min_size=1, max_size=3), total=st.integers(1, 24),
+       data=st.data())
+def test_equal_time_batches_are_optimal_against_brute_force(models, total, data):
+    p = len(models)
+    lo = [data.draw(st.integers(0, 3)) for _ in range(p)]
+    hi = [l + data.draw(st.integers(0, 20)) for l in lo]
+    if not sum(lo) <= total <= sum(hi):
+        with pytest.raises(ValueError):
+            equal_time_batches(models, total, lo, hi)
+        return
+    out = equal_time_batches(models, total, lo, hi)
+    assert sum(out) == total and all(l <= b <= h for l, b, h in zip(lo, out, hi))
+    worst = max(m.time(b) for m, b in zip(models, out))
+    assert worst == pytest.approx(brute_force(models, total, lo, hi), rel=1e-12, abs=1e-15)
+
+
+def test_plans_saved_before_the_model_still_load(tmp_path):
+    old = make_plan([1, 3], 96, 1000).to_dict()
+    for key in ("fixed_s", "predicted_step_s", "predicted_times_s"):
+        del old[key]
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(old))
+    plan = Plan.load(path, world_size=2)
+    assert plan.batches == [24, 72] and plan.predicted_step_s is None
+
+
+def test_constant_model_is_the_zero_fixed_cost_case():
+    assert constant(250.0).time(50) == pytest.approx(0.2)
+    assert StepModel(0.0, 250.0).time(50) == constant(250.0).time(50)
+
+
+def test_probe_record_and_per_rank_timers_on_two_ranks(tmp_path):
+    """Rank 1 emulated 4x faster; mode uneven-avg (a baseline) is timed like weighted."""
+    from conftest import hetgrad_mpi, read_json
+    out = tmp_path / "run.json"
+    proc = hetgrad_mpi(2, ["train", "--mode", "uneven-avg", "--emulate-speeds", "1,4",
+                           "--emulate-unit", "2e-3", "--epochs", "3", "--quiet",
+                           "--out", str(out)], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rec = read_json(out)
+    for entry in rec["probe"]:
+        assert [b for b, _ in entry["points"]] == [12, 34, 96]  # B / (4 P) .. B
+        assert entry["fixed_s"] >= 0
+        assert entry["kind"] == ("piecewise" if entry["fit_error"] > 0.10 else "affine"), entry
+        model = ProbeResult(**entry).model()  # affine within 10 %, or through the points
+        for b, t in entry["points"]:
+            assert abs(model.time(b) - t) <= 0.10 * t + 1e-12, entry
+        times = [t for _, t in entry["points"]]
+        assert times == sorted(times)
+    slow, fast = rec["probe"]
+    assert 2.0 < fast["samples_per_s"] / slow["samples_per_s"] < 5.0
+    plan = rec["plan"]
+    assert plan["batches"][0] < plan["batches"][1] and plan["predicted_step_s"] > 0
+    assert len(plan["predicted_times_s"]) == 2
+    # each rank's own busy time and epoch time (not a cross-rank mean)
+    assert len(rec["balance"]) == 3
+    assert rec["per_rank_epoch_times_s"][0] != rec["per_rank_epoch_times_s"][1]
+    for e in rec["balance"][1:]:
+        assert e["busy_s"][0] != e["busy_s"][1] and e["wait_s"][0] != e["wait_s"][1]
+
+
+def test_fixed_plan_keeps_the_given_batches():
+    from hetgrad.partition import fixed_plan
+    plan = fixed_plan([20, 76], 1437)
+    assert plan.batches == [20, 76] and plan.global_batch == 96
+    assert plan.steps_per_epoch == 15 and sum(plan.shard_sizes) == 1437
+    with pytest.raises(Exception, match="integers >= 1"):
+        fixed_plan([0, 96], 1437)
