@@ -69,6 +69,12 @@ def build_optimizer(optimizer, variables) -> None:
         optimizer.built = True
 
 
+def optimizer_variables(optimizer) -> list:
+    """Every variable of an optimizer (iterations, slots): a property or a method by flavour."""
+    v = optimizer.variables
+    return list(v() if callable(v) else v)
+
+
 def learning_rate(optimizer) -> float:
     return float(tf.convert_to_tensor(optimizer.learning_rate))
 

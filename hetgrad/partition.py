@@ -115,7 +115,8 @@ def make_plan(speeds: Sequence[float | StepModel], global_batch: int, dataset_si
     steps per epoch.
 
     ``speeds`` holds one entry per rank: a samples/s number (constant model, batches in
-    proportion) or a :class:`~hetgrad.perfmodel.StepModel` (e.g. the probe's affine fit, whose
+    proportion), a probe result (``hk.probe``) or a :class:`~hetgrad.perfmodel.StepModel`
+    (e.g. the probe's affine fit, whose
     fixed cost shifts work to the ranks it costs least). ``max_batch`` is a per-rank memory
     cap (one int for all, or one per rank). The dataset is split into ``ceil(N / B)`` steps;
     the final step may be partial, with each rank keeping at least one sample in it. Samples
@@ -175,6 +176,9 @@ def _models(speeds: Sequence[float | StepModel]) -> list[StepModel]:
     for r, s in enumerate(speeds):
         if isinstance(s, StepModel):
             out.append(s)
+            continue
+        if hasattr(s, "model"):  # a probe result (hk.probe, hetgrad.probe)
+            out.append(s.model())
             continue
         s = float(s)
         if not math.isfinite(s) or s <= 0:

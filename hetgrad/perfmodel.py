@@ -3,8 +3,9 @@
 A step costs a fixed part (framework, kernel launches, input pipeline, exchange start) plus a
 part that grows with the batch, so the model is affine, ``t(b) = a + b / s``, fitted by least
 squares to the probe's points. Where the affine fit is off by more than
-:data:`PIECEWISE_ABOVE` at some point, the model is the piecewise-linear curve through the points
-(FuPerMod's functional model), extended by its end segments. A constant speed is ``a = 0``.
+:data:`PIECEWISE_ABOVE` at some point, and by more than that point's own noise explains, the model
+is the piecewise-linear curve through the points (FuPerMod's functional model), extended by its
+end segments. A constant speed is ``a = 0``.
 """
 from __future__ import annotations
 
@@ -45,20 +46,38 @@ def constant(samples_per_s: float) -> StepModel:
     return StepModel(fixed_s=0.0, samples_per_s=float(samples_per_s), kind="constant")
 
 
-def fit(points: Sequence[Sequence[float]]) -> StepModel:
+def fit(points: Sequence[Sequence[float]], noise: Sequence[float] | None = None) -> StepModel:
     """Least-squares ``t = a + b / s`` through ``points`` (``[batch, seconds]``, >= 1 point),
-    with ``a >= 0``; piecewise-linear instead where the affine fit misses a point by > 10 %."""
-    pts = sorted([float(b), float(t)] for b, t in points)
+    with ``a >= 0``; piecewise-linear instead where the affine fit misses a point by more than
+    10 % and by more than twice that point's relative standard error ``noise`` (see
+    :func:`relative_noise`), so that noisy timings do not bend the model."""
+    noise = list(noise) if noise is not None else [0.0] * len(points)
+    if len(noise) != len(points):
+        raise ValueError(f"{len(noise)} noise values for {len(points)} points")
+    rows = sorted(zip(([float(b), float(t)] for b, t in points), noise))
+    pts = [p for p, _ in rows]
     if not pts or any(b <= 0 or not t > 0 for b, t in pts):
         raise ValueError(f"probe points must have batch > 0 and time > 0, got {points}")
     a, c = _least_squares(pts)
     if a < 0 or c <= 0:  # through the origin instead (a = 0)
         a, c = 0.0, sum(b * t for b, t in pts) / sum(b * b for b, _ in pts)
     model = StepModel(fixed_s=a, samples_per_s=1.0 / c, points=pts)
-    model.fit_error = max(abs(model.time(b) - t) / t for b, t in pts)
-    if model.fit_error > PIECEWISE_ABOVE and len(pts) >= 2:
+    misses = [abs(model.time(b) - t) / t for b, t in pts]
+    model.fit_error = max(misses)
+    if len(pts) >= 2 and any(m > max(PIECEWISE_ABOVE, 2 * e) for m, (_, e) in zip(misses, rows)):
         model.kind = "piecewise"
     return model
+
+
+def relative_noise(times: Sequence[float]) -> float:
+    """Relative standard error of the median of ``times`` (from their interquartile range)."""
+    n = len(times)
+    if n < 4:
+        return 0.0
+    q = sorted(times)
+    iqr = q[(3 * n) // 4] - q[n // 4]
+    median = q[n // 2] if n % 2 else 0.5 * (q[n // 2 - 1] + q[n // 2])
+    return 1.2533 * (iqr / 1.349) / (median * math.sqrt(n))
 
 
 def _least_squares(pts: list[list[float]]) -> tuple[float, float]:

@@ -3,7 +3,6 @@
 (and a new plan after a rebalance takes effect at once)."""
 from __future__ import annotations
 
-import numpy as np
 import tensorflow as tf
 
 from .partition import Plan
@@ -13,12 +12,18 @@ def epoch_batches(xy: tuple[tf.Tensor, tf.Tensor], plan: Plan, rank: int, seed: 
                   epoch: int) -> tf.data.Dataset:
     """Batches of ``plan.batches[rank]`` from ``rank``'s shard of the tensors ``xy``."""
     x, y = xy
-    lo, n = plan.shard_starts[rank], plan.shard_sizes[rank]
-    order = np.random.default_rng([seed, rank, epoch]).permutation(n) + lo
+    order = shard_order(plan.shard_sizes[rank], plan.shard_starts[rank], seed, rank, epoch)
     return (tf.data.Dataset.from_tensor_slices(order)
             .batch(plan.batches[rank])
             .map(lambda idx: (tf.gather(x, idx), tf.gather(y, idx)))
             .prefetch(2))
+
+
+def shard_order(n: int, start: int, seed: int, rank: int, epoch) -> tf.Tensor:
+    """A permutation of the shard ``[start, start + n)``, a pure function of
+    ``(seed, rank, epoch)`` (``epoch`` may be a tensor: ``hk.shard`` draws one per epoch)."""
+    key = tf.stack([tf.constant(seed * 65_537 + rank, tf.int64), tf.cast(epoch, tf.int64)])
+    return tf.argsort(tf.random.stateless_uniform([n], seed=key)) + start
 
 
 def batch_size_at(plan: Plan, rank: int, step: int) -> int:

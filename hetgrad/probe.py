@@ -16,7 +16,7 @@ from .comm import Comm
 from .compat import keras
 from .errors import InputFileError
 from .io import read_json, write_json
-from .perfmodel import StepModel, fit
+from .perfmodel import StepModel, fit, relative_noise
 
 
 @dataclass
@@ -45,21 +45,33 @@ class ProbeResult:
                          [list(p) for p in self.points], self.fit_error)
 
 
-def measure(model: keras.Model, input_shape, num_classes: int, *, batches: Sequence[int],
-            warmup: int = 3, steps: int = 10, seed: int = 0,
-            before_step: Callable[[int], None] | None = None) -> tuple[list, list]:
-    """Median seconds per ``model.train_on_batch`` step at each batch size, on synthetic
-    batches of the real shape: ``([[batch, seconds], ...], [step times per batch])``.
+Batch = Callable[[int], tuple]  # batch size -> (x, y) of that many samples
 
-    The model must be compiled; its weights change (probe on a throw-away copy).
-    ``before_step(n)`` runs inside each timed step (speed emulation).
+
+def synthetic_batches(input_shape, num_classes: int, seed: int = 0) -> Batch:
+    """Random inputs of the real shape with integer labels (``hetgrad train``'s probe)."""
+    rng = np.random.default_rng(seed)
+    return lambda b: (rng.random((b, *input_shape), dtype=np.float32),
+                      rng.integers(0, num_classes, size=b))
+
+
+def measure(model: keras.Model, batch_of: Batch, *, batches: Sequence[int], warmup: int = 3,
+            steps: int = 10, before_step: Callable[[int], None] | None = None,
+            sync: Callable[[], object] | None = None) -> tuple[list, list]:
+    """Median seconds per ``model.train_on_batch`` step at each batch size, on the batches
+    ``batch_of(b)`` gives: ``([[batch, seconds], ...], [step times per batch])``.
+
+    The model must be compiled; its weights change. ``before_step(n)`` runs inside each timed
+    step (speed emulation). ``sync()`` runs before each size, so that all ranks time the same
+    size together, under the contention training has (not a slow rank's small batches against
+    the fast ranks' large ones).
     """
     before_step = before_step or (lambda n: None)
-    rng = np.random.default_rng(seed)
     points, all_times = [], []
     for batch in batches:
-        x = rng.random((batch, *input_shape), dtype=np.float32)
-        y = rng.integers(0, num_classes, size=batch)
+        x, y = batch_of(batch)
+        if sync:
+            sync()
         for _ in range(warmup):  # also traces the step for this shape
             before_step(batch)
             model.train_on_batch(x, y)
@@ -78,14 +90,20 @@ def run_probe(comm: Comm, build_model: Callable[[], keras.Model], input_shape, n
               *, device: str, batches: Sequence[int], warmup: int = 3, steps: int = 10,
               before_step: Callable[[int], None] | None = None,
               timeout: float = 300.0) -> list[ProbeResult]:
-    """Probe this rank at each of ``batches`` (``before_step(n)``: e.g. speed emulation), fit
-    its step-time model, and allgather every rank's result."""
+    """Probe a fresh copy of ``hetgrad train``'s model on synthetic batches."""
     model = build_model()
     model.compile(optimizer=keras.optimizers.SGD(0.0),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    points, times = measure(model, input_shape, num_classes, batches=batches, warmup=warmup,
-                            steps=steps, before_step=before_step)
-    m = fit(points)
+    points, times = measure(model, synthetic_batches(input_shape, num_classes),
+                            batches=batches, warmup=warmup, steps=steps, before_step=before_step,
+                            sync=lambda: comm.gather_with_timeout(None, timeout))
+    return share(comm, points, times, device, timeout)
+
+
+def share(comm: Comm, points: list, times: list, device: str,
+          timeout: float) -> list[ProbeResult]:
+    """Fit this rank's step-time model to its ``points``; allgather every rank's result."""
+    m = fit(points, [relative_noise(t) for t in times])
     mine = ProbeResult(comm.rank, socket.gethostname(), device, m.samples_per_s, m.fixed_s,
                        m.points, m.fit_error, m.kind, times)
     return [ProbeResult(**d) for d in comm.gather_with_timeout(asdict(mine), timeout)]

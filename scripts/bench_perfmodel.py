@@ -43,6 +43,7 @@ SCENARIOS = {  # name: (ranks, train args, pin ranks to cores: rank -> core)
     # real compute heterogeneity: rank 0 alone on core 0, ranks 1 and 2 share core 1
     "real-cnn-3ranks": (3, ["--data", "synthetic", "--model", "cnn", "-B", "128"], [0, 1, 1]),
 }
+MODELLED = ("constant", "affine", "rebalance")  # arms whose plan predicts its step time
 ARMS = {"equal": ["--mode", "equal"], "constant": ["--probe-sizes", "1"], "affine": [],
         "rebalance": ["--rebalance"], "oracle": None}
 
@@ -66,7 +67,9 @@ def summary(rec: dict) -> dict:
     """What the tables need from one record."""
     plan, bal = rec["plan"], rec["balance"]
     steady = [e for e in bal if e["epoch"] >= 2 and e["batches"] == rec["final_plan"]["batches"]]
-    measured_step = rec["median_epoch_time_s"] / rec["final_plan"]["steps_per_epoch"]
+    # the slowest rank's busy seconds per step (what the plan's predicted step time predicts)
+    measured_step = statistics.median(max(e["measured_step_s"]) for e in steady) if steady \
+        else None
     return {"batches": plan["batches"], "final_batches": rec["final_plan"]["batches"],
             "samples_per_s": rec["samples_per_s"],
             "sum_probed_samples_per_s": rec["ideal_samples_per_s"],
@@ -144,10 +147,29 @@ def table(runs: dict[str, list]) -> dict:
         imb = [r["steady_imbalance"] for r in rs if r["steady_imbalance"] is not None]
         row["steady_imbalance_median"] = statistics.median(imb) if imb else None
         pred = [r["predicted_step_s"] / r["measured_step_s"] for r in rs
-                if r["predicted_step_s"] and r["batches"] == r["final_batches"]]
+                if arm in MODELLED and r["measured_step_s"] and r["batches"] == r["final_batches"]]
         row["predicted_over_measured_step"] = statistics.median(pred) if pred else None
         out[arm] = row
     return out
+
+
+def markdown(result: dict) -> str:
+    """The docs/results.md table: one row per scenario and arm."""
+    lines = ["| scenario | arm | batches (final) | samples/s | / oracle (per repeat) | / equal "
+             "| efficiency vs sum s_i | steady imbalance | predicted / measured step "
+             "| re-plans after epoch 2 | final acc |", "|" + "---|" * 11]
+    fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
+    for name, sc in result["scenarios"].items():
+        for arm, row in sc["table"].items():
+            batches = sc["runs"][arm][-1]["final_batches"]
+            per = ", ".join(f"{r:.2f}" for r in row["ratios_over_oracle_per_repeat"])
+            lines.append(
+                f"| {name} | {arm} | {batches} | {row['samples_per_s_median']:.0f} "
+                f"| {row['over_oracle']:.3f} ({per}) | {row['over_equal']:.2f} "
+                f"| {row['efficiency_median']:.2f} | {fmt(row['steady_imbalance_median'], '.3f')} "
+                f"| {fmt(row['predicted_over_measured_step'], '.2f')} "
+                f"| {sum(row['replans_after_epoch_2'])} | {row['final_test_accuracy_mean']:.3f} |")
+    return "\n".join(lines)
 
 
 def plot(result: dict, path: Path) -> None:
@@ -178,8 +200,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default="results/bench_perfmodel.json")
     ap.add_argument("--plot", default="docs/img/perfmodel.png")
+    ap.add_argument("--table", action="store_true", help="print the table of --out and stop")
     args = ap.parse_args()
     out = Path(args.out)
+    if args.table:
+        print(markdown(json.loads(out.read_text())))
+        return
     result = json.loads(out.read_text()) if out.exists() else {"scenarios": {}}
     result.update(epochs=args.epochs, repeats=args.repeats)
     with tempfile.TemporaryDirectory() as tmp:

@@ -60,3 +60,22 @@ def test_worlds_that_disagree_are_refused_naming_both_sizes():
     check_same_world(3, 3)
     with pytest.raises(HetgradError, match=r"MPI's world has 1 rank\(s\) but Horovod's has 2"):
         check_same_world(1, 2)
+
+
+class _Stuck:
+    """A world whose allgather answers after ``delay`` seconds."""
+
+    def __init__(self, delay):
+        self.delay = delay
+
+    def allgather(self, obj):
+        time.sleep(self.delay)
+        return [obj, obj]
+
+
+def test_timed_allgather_without_a_rendezvous_store_gives_up():
+    from hetgrad.comm import _allgather_within
+    from hetgrad.errors import PeerTimeoutError
+    assert _allgather_within(_Stuck(0.0), 7, timeout=5, field="probe_timeout") == [7, 7]
+    with pytest.raises(PeerTimeoutError, match="probe_timeout: some rank did not report"):
+        _allgather_within(_Stuck(3.0), 7, timeout=0.2, field="probe_timeout")

@@ -6,8 +6,8 @@ from conftest import hetgrad_mpi, read_json
 
 def test_three_rank_weighted_training_on_digits(tmp_path):
     out = tmp_path / "run.json"
-    proc = hetgrad_mpi(3, ["train", "--emulate-speeds", "1,2,4", "--epochs", "12",
-                           "--out", str(out)], timeout=400)
+    proc = hetgrad_mpi(3, ["train", "--emulate-speeds", "1,2,4", "--emulate-unit", "2e-3",
+                           "--epochs", "12", "--out", str(out)], timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rec = read_json(out)
     plan = rec["plan"]

@@ -19,9 +19,11 @@ from .. import compat
 from ..aggregate import NONFINITE, Aggregation, FixedWeight, PlanWeight
 from . import callbacks
 from .counting import count_samples
+from .data import shard
 from .optimizer import DistributedOptimizer
+from .probing import probe
 
-__all__ = ["DistributedOptimizer", "set_plan", "count_samples", "aggregation_of", "callbacks",
+__all__ = ["DistributedOptimizer", "probe", "shard", "set_plan", "count_samples", "aggregation_of", "callbacks",
            "load_model", "NONFINITE", "init", "is_initialized", "shutdown", "rank", "size",
            "local_rank", "local_size", "allreduce", "allgather", "broadcast",
            "broadcast_variables", "Compression", "Average", "Sum",

@@ -139,6 +139,8 @@ MIXINS = {"keras3": _Keras3, "keras2": _Keras2, "legacy": _Keras2Legacy}
 
 
 def _weight_of(weight, plan, rank: int | None, iterations, name: str):
+    if weight is None:
+        weight = "samples" if plan is None else "plan"
     if weight == "samples":
         return SampleWeight(name)
     if weight == "plan":
@@ -150,18 +152,18 @@ def _weight_of(weight, plan, rank: int | None, iterations, name: str):
     raise ValueError(f"weight must be a float share, 'plan' or 'samples', got {weight!r}")
 
 
-def DistributedOptimizer(optimizer, weight="samples", *, plan=None, rank: int | None = None,
+def DistributedOptimizer(optimizer, weight=None, *, plan=None, rank: int | None = None,
                          reducer: Reducer | None = None, compression=hvd.Compression.none,
                          sparse_as_dense: bool = False, check_finite: bool | None = None,
                          backward_passes_per_step: int = 1,
                          average_aggregated_gradients: bool = False, name: str | None = None):
     """Wrap a Keras optimizer so gradients are combined as ``sum_i w_i g_i``.
 
-    ``weight``: ``"samples"`` (default) weights each rank by the samples of the step, exact
-    for any batch sizes, at one scalar allreduce per step (the batch size is recorded by
-    :func:`count_samples`, which hetgrad's callbacks install in ``fit``); ``"plan"`` with
-    ``plan=`` (and ``rank=``, default ``hvd.rank()``) uses the plan's exact per-step shares,
-    partial final step included, with no extra communication (:func:`set_plan` switches
+    ``weight``: ``"samples"`` (the default without ``plan=``) weights each rank by the samples
+    of the step, exact for any batch sizes, at one scalar allreduce per step (the batch size is
+    recorded by :func:`count_samples`, which hetgrad's callbacks install in ``fit``);
+    ``"plan"`` (the default with ``plan=``; ``rank=``, default ``hvd.rank()``) uses the plan's
+    exact per-step shares, partial final step included, with no extra communication (:func:`set_plan` switches
     plans); a float is a fixed share ``b_i / B``. ``reducer``: the exchange (default
     :class:`~hetgrad.aggregate.DenseReducer` with ``compression`` and ``sparse_as_dense``).
     ``check_finite`` (default on, off for a ``LossScaleOptimizer``, which skips non-finite

@@ -1,0 +1,69 @@
+"""``hk.probe``: every rank times real training steps of the user's own compiled model on real
+batches of the user's data, at several batch sizes, and all ranks get every rank's model."""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+
+from .. import compat
+from ..errors import HetgradError
+from ..perfmodel import probe_batches
+from ..probe import ProbeResult, measure, share
+from .data import num_samples, take
+
+
+def probe(model, x, y=None, *, global_batch: int | None = None,
+          batches: Sequence[int] | None = None, max_batch: int | None = None,
+          steps: int = 8, warmup: int = 3, timeout: float = 300.0, device: str = "",
+          before_step: Callable[[int], None] | None = None) -> list[ProbeResult]:
+    """Time ``model.train_on_batch`` on the first ``b`` samples of ``(x, y)`` for each probe
+    batch ``b`` and fit this rank's step-time model; every rank returns all ranks' results
+    (pass them to :func:`hetgrad.make_plan`).
+
+    ``x``/``y``: arrays or dicts of arrays (any model: regression, several inputs or outputs).
+    ``batches``: the sizes to time; default 3 geometric sizes from ``B / (4 P)`` up to the
+    global batch ``B`` (or ``max_batch``, this rank's memory cap). The model's weights, its
+    optimizer's state and its metrics are exactly as before when the probe returns.
+    """
+    compiled = getattr(model, "compiled", False) or getattr(model, "_is_compiled", False)
+    if not compiled or getattr(model, "optimizer", None) is None:
+        raise HetgradError("compile the model (optimizer and loss) before probing it",
+                           field="model")
+    n = num_samples(x, y)
+    if batches is not None and any(int(b) != b or not 1 <= b <= n for b in batches):
+        raise HetgradError(f"probe batches must be integers in [1, {n}], got {list(batches)}",
+                           field="batches")
+    from ..runtime import init
+    comm = init()
+    top = min(global_batch or n, max_batch or n, n)
+    sizes = list(batches) if batches else probe_batches(top, global_batch or top, comm.size)
+    with _restored(model):
+        points, times = measure(model, lambda b: take((x, y), b), batches=sizes,
+                                warmup=warmup, steps=steps, before_step=before_step,
+                                sync=lambda: comm.gather_with_timeout(None, timeout))
+    return share(comm, points, times, device or _device(), timeout)
+
+
+class _restored:
+    """Put the model's variables, its optimizer's variables and its metrics back on exit."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __enter__(self):
+        opt = self.model.optimizer
+        compat.build_optimizer(opt, self.model.trainable_variables)
+        self.variables = list(self.model.variables) + compat.optimizer_variables(opt)
+        self.values = [np.array(v.numpy(), copy=True) for v in self.variables]
+
+    def __exit__(self, *exc):
+        for var, value in zip(self.variables, self.values):
+            var.assign(value)
+        self.model.reset_metrics()
+        return False
+
+
+def _device() -> str:
+    import tensorflow as tf
+    return "/GPU:0" if tf.config.get_visible_devices("GPU") else "/CPU:0"

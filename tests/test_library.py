@@ -1,0 +1,73 @@
+"""The library path for a user's own model and data (hetgrad.init, hk.probe,
+hetgrad.make_plan, hk.shard), on 3 real ranks, and its errors."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import hetgrad
+import hetgrad.keras as hk
+from hetgrad.errors import HetgradError
+
+from conftest import MPI_DIR, read_json, run_mpi
+
+
+def test_probe_plan_shard_on_three_ranks(tmp_path):
+    out = tmp_path / "library.json"
+    proc = run_mpi(3, [str(MPI_DIR / "library.py"), str(out)], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = read_json(out)
+    for name in ("regression", "two_input"):
+        r = res[name]
+        assert r["same_state"], name       # weights and optimizer slots untouched
+        assert r["ranks"] == [0, 1, 2] and r["positive"], r
+        assert r["batches"] == [[2, 7, 24]] * 3, r  # geometric from B / (4 P) = 2 to B = 24
+    assert sum(res["probe_plan"]) == 24
+    assert res["plan"] == {"batches": [3, 7, 14], "last": [1, 1, 2]}  # 4 full steps + 4
+    # a whole epoch with the partial final step equals one process on the global batches
+    assert res["exact_err"] < 1e-6, res
+    assert res["avg_diff"] > 1e-3, res   # Horovod's plain average gives other weights
+    assert res["weights_agree"]
+
+
+def plan2():
+    return hetgrad.make_plan([1, 1], 8, 20)
+
+
+def test_shard_errors_name_the_argument():
+    x, y = np.zeros((20, 2), np.float32), np.zeros(20)
+    with pytest.raises(HetgradError, match="plan: the plan is for 2 ranks, this job has 1"):
+        hk.shard(x, y, plan2())
+    with pytest.raises(HetgradError, match=r"x: inputs and targets differ in length"):
+        hk.shard(x, y[:19], plan2(), rank=0)
+    with pytest.raises(HetgradError, match="plan: the plan is for 20 samples, the data has 30"):
+        hk.shard(np.zeros((30, 2)), np.zeros(30), plan2(), rank=0)
+    endless = tf.data.Dataset.range(5).repeat()
+    with pytest.raises(HetgradError, match="x: the dataset's length is infinite"):
+        hk.shard(endless, None, plan2(), rank=0)
+    unknown = tf.data.Dataset.range(20).filter(lambda v: v >= 0)
+    with pytest.raises(HetgradError, match="x: the dataset's length is unknown"):
+        hk.shard(unknown, None, plan2(), rank=0)
+    with pytest.raises(HetgradError, match="plan: give the plan"):
+        hk.shard(x, y)
+    with pytest.raises(HetgradError, match="global_batch: dataset has 20 samples, fewer"):
+        hetgrad.make_plan([1, 1], 32, 20)
+
+
+def test_shard_of_a_dataset_follows_the_plan():
+    plan = hetgrad.make_plan([1, 3], 8, 22)   # batches 2 / 6, shards 5 / 17
+    ds = tf.data.Dataset.range(22)
+    got = [b.numpy() for b in hk.shard(ds, None, plan, rank=1).take(3)]
+    assert [len(b) for b in got] == [6, 6, 5]
+    assert sorted(np.concatenate(got)) == list(range(5, 22))
+
+
+def test_probe_refuses_an_uncompiled_model_or_mismatched_data():
+    from hetgrad.compat import keras
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    with pytest.raises(HetgradError, match="model: compile the model"):
+        hk.probe(model, np.zeros((10, 2)), np.zeros(10))
+    model.compile(optimizer="sgd", loss="mse")
+    with pytest.raises(HetgradError, match="x: inputs and targets differ in length"):
+        hk.probe(model, np.zeros((10, 2)), np.zeros(9))
+    with pytest.raises(HetgradError, match=r"batches: probe batches must be integers in \[1, 10\]"):
+        hk.probe(model, np.zeros((10, 2)), np.zeros(10), batches=[4, 20])
