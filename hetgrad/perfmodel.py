@@ -46,6 +46,14 @@ def constant(samples_per_s: float) -> StepModel:
     return StepModel(fixed_s=0.0, samples_per_s=float(samples_per_s), kind="constant")
 
 
+def throughput(model: StepModel) -> StepModel:
+    """The constant-speed model of ``model``'s samples/s at its largest probed batch."""
+    if model.kind == "constant" or not model.points:
+        return model
+    top = max(b for b, _ in model.points)
+    return constant(top / model.time(top))
+
+
 def fit(points: Sequence[Sequence[float]], noise: Sequence[float] | None = None) -> StepModel:
     """Least-squares ``t = a + b / s`` through ``points`` (``[batch, seconds]``, >= 1 point),
     with ``a >= 0``; piecewise-linear instead where the affine fit misses a point by more than

@@ -53,6 +53,21 @@ def test_probe_batches_cover_the_plans_local_batches():
     assert probe_batches(64, 96, 4, count=1) == [64]
 
 
+def test_flat_step_times_keep_the_throughput_split():
+    """A tiny model: the step hardly grows with the batch, and the fitted fixed costs differ by
+    noise. Equal time alone would move a third of a rank's batch for a 2 % gain."""
+    pts = [[[32, 0.0040], [90, 0.0041], [256, 0.0043]],
+           [[32, 0.0038], [90, 0.0039], [256, 0.0042]]]
+    models = [fit(p) for p in pts]
+    assert equal_time_batches(models, 256, [1, 1], [256, 256]) == [75, 181]  # for < 2 %
+    plan = make_plan(models, 256, 4096)
+    share = 256 / 0.0043 / (256 / 0.0043 + 256 / 0.0042)
+    assert plan.batches[0] == pytest.approx(256 * share, abs=1)            # throughput split
+    # a real gain (here 10 ms of fixed cost at 20-50 ms steps) still moves the work
+    assert make_plan([StepModel(0.0, 1000.0, points=[[96, 0.096]]),
+                      StepModel(0.010, 1000.0, points=[[96, 0.106]])], 96, 960).batches == [53, 43]
+
+
 def test_fixed_cost_moves_work_to_where_it_costs_least():
     # same speed, rank 1 pays 10 ms more per step: it must get a smaller batch
     models = [StepModel(0.0, 1000.0), StepModel(0.010, 1000.0)]
