@@ -41,7 +41,7 @@ SCENARIOS = {  # name: (ranks, train args, pin ranks to cores: rank -> core)
     "emu-18-B512": (2, ["--data", "synthetic", "-B", "512", "--emulate-speeds", "1,8", *EMU],
                     None),
     # real compute heterogeneity: rank 0 alone on core 0, ranks 1 and 2 share core 1
-    "real-cnn-3ranks": (3, ["--data", "synthetic", "--model", "cnn", "-B", "128"], [0, 1, 1]),
+    "real-cnn-3ranks": (3, ["--data", "synthetic", "--model", "cnn", "-B", "120"], [0, 1, 1]),
 }
 MODELLED = ("constant", "affine", "rebalance")  # arms whose plan predicts its step time
 ARMS = {"equal": ["--mode", "equal"], "constant": ["--probe-sizes", "1"], "affine": [],
@@ -117,6 +117,10 @@ def oracle_search(name, np_, args, pins, epochs, tmp: Path) -> dict:
 
 def run_scenario(name: str, epochs: int, repeats: int, tmp: Path) -> dict:
     np_, args, pins = SCENARIOS[name]
+    batch = int(args[args.index("-B") + 1])
+    if batch % np_:  # the equal arm needs it; say so before the oracle search, not after
+        raise SystemExit(f"bench_perfmodel: scenario {name}: -B {batch} is not divisible by "
+                         f"{np_} ranks (the equal arm needs it)")
     oracle = oracle_search(name, np_, args, pins, epochs, tmp)
     runs: dict[str, list] = {arm: [] for arm in ARMS}
     for rep in range(repeats):
