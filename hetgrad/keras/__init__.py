@@ -23,8 +23,8 @@ from .data import shard
 from .optimizer import DistributedOptimizer
 from .probing import probe
 
-__all__ = ["DistributedOptimizer", "probe", "shard", "set_plan", "count_samples", "aggregation_of", "callbacks",
-           "load_model", "NONFINITE", "init", "is_initialized", "shutdown", "rank", "size",
+__all__ = ["DistributedOptimizer", "probe", "shard", "set_plan", "count_samples",
+           "aggregation_of", "callbacks", "load_model", "NONFINITE", "init", "is_initialized", "shutdown", "rank", "size",
            "local_rank", "local_size", "allreduce", "allgather", "broadcast",
            "broadcast_variables", "Compression", "Average", "Sum",
            "BroadcastGlobalVariablesCallback", "WeightedMetricAverageCallback"]

@@ -163,8 +163,8 @@ def DistributedOptimizer(optimizer, weight=None, *, plan=None, rank: int | None 
     of the step, exact for any batch sizes, at one scalar allreduce per step (the batch size is
     recorded by :func:`count_samples`, which hetgrad's callbacks install in ``fit``);
     ``"plan"`` (the default with ``plan=``; ``rank=``, default ``hvd.rank()``) uses the plan's
-    exact per-step shares, partial final step included, with no extra communication (:func:`set_plan` switches
-    plans); a float is a fixed share ``b_i / B``. ``reducer``: the exchange (default
+    exact per-step shares, partial final step included, with no extra communication
+    (:func:`set_plan` switches plans); a float is a fixed share ``b_i / B``. ``reducer``: the exchange (default
     :class:`~hetgrad.aggregate.DenseReducer` with ``compression`` and ``sparse_as_dense``).
     ``check_finite`` (default on, off for a ``LossScaleOptimizer``, which skips non-finite
     steps itself): a NaN/Inf in this rank's local gradients fails its step with
