@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING
 
 from .compat import keras
 from .emulate import SpeedEmulator, speed_at
-from .keras import set_plan
+from .keras.optimizer import set_plan
 from .pipeline import batch_size_at
 
 if TYPE_CHECKING:
-    from .trainer import Job
+    from .loop import Run as Job
 
 
 class Action:
@@ -42,6 +42,10 @@ class Emulation(Action):
     def __init__(self, schedule: dict[int, list[float]], emulator: SpeedEmulator):
         self.schedule, self.emulator = schedule, emulator
 
+    @classmethod
+    def of(cls, schedule: dict[int, list[float]], unit_s: float, rank: int) -> "Emulation":
+        return cls(schedule, SpeedEmulator(schedule[0][rank], unit_s))
+
     def callbacks(self, job):
         return [self.emulator.callback(lambda step: batch_size_at(job.plan, job.rank, step))]
 
@@ -66,7 +70,7 @@ class Evaluation(Action):
                    samples_per_s=(plan.dataset_size - plan.dropped) / row["time_s"],
                    batches=list(plan.batches))
         if self.verbose:
-            print(f"epoch {epoch + 1:3d}/{job.cfg.epochs}  loss {row['loss']:.4f}  "
+            print(f"epoch {epoch + 1:3d}/{job.num_epochs}  loss {row['loss']:.4f}  "
                   f"acc {row['accuracy']:.4f}  test_acc {test_acc:.4f}  "
                   f"{row['time_s']:.2f}s  {row['samples_per_s']:.0f} samples/s", flush=True)
 
@@ -115,7 +119,7 @@ class Checkpointing(Action):
         self.checkpointer, self.reducer = checkpointer, reducer
 
     def on_epoch_end(self, job, epoch, row):
-        if not self.checkpointer.due(epoch + 1, last=epoch + 1 == job.cfg.epochs):
+        if not self.checkpointer.due(epoch + 1, last=epoch + 1 == job.num_epochs):
             return
         per_rank = None
         if self.reducer is not None:

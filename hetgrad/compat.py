@@ -69,6 +69,19 @@ def build_optimizer(optimizer, variables) -> None:
         optimizer.built = True
 
 
+def is_compiled(model) -> bool:
+    return bool(getattr(model, "compiled", False) or getattr(model, "_is_compiled", False))
+
+
+def recompile(model, optimizer) -> None:
+    """Compile ``model`` again as its last ``compile`` did (loss, metrics, ...), with
+    ``optimizer`` instead (every flavour keeps those arguments in ``_compile_config``)."""
+    config = getattr(model, "_compile_config", None)
+    if not is_compiled(model) or config is None:
+        raise ConfigError("compile the model (optimizer and loss) first", field="model")
+    model.compile(**{**dict(config.config), "optimizer": optimizer})
+
+
 def optimizer_variables(optimizer) -> list:
     """Every variable of an optimizer (iterations, slots): a property or a method by flavour."""
     v = optimizer.variables

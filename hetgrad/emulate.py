@@ -8,6 +8,7 @@ A schedule changes speeds at epoch boundaries: ``"1,2,4"`` (fixed) or
 from __future__ import annotations
 
 import math
+import os
 import time
 
 from typing import Callable
@@ -35,6 +36,25 @@ def parse_schedule(spec: str, world_size: int, field: str = "emulate_speeds") ->
                 raise ConfigError(f"speed of rank {r} is {s}; must be finite and > 0", field=field)
         out[epoch] = speeds
     return out
+
+
+ENV_SPEEDS, ENV_UNIT = "HETGRAD_EMULATE_SPEEDS", "HETGRAD_EMULATE_UNIT"
+
+
+def from_env(world_size: int) -> tuple[dict[int, list[float]], float] | None:
+    """The schedule and unit of ``HETGRAD_EMULATE_SPEEDS`` / ``HETGRAD_EMULATE_UNIT`` (a
+    testing aid: ``hk.probe`` and ``hk.fit`` then emulate heterogeneity), or None."""
+    spec = os.environ.get(ENV_SPEEDS)
+    if not spec:
+        return None
+    text = os.environ.get(ENV_UNIT, "1e-3")
+    try:
+        unit = float(text)
+    except ValueError:
+        unit = -1.0
+    if not math.isfinite(unit) or unit <= 0:
+        raise ConfigError(f"must be a positive number of seconds, got {text!r}", field=ENV_UNIT)
+    return parse_schedule(spec, world_size, field=ENV_SPEEDS), unit
 
 
 def speed_at(schedule: dict[int, list[float]], epoch: int, rank: int) -> float:

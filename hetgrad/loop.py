@@ -9,12 +9,12 @@ import tensorflow as tf
 
 from .compat import keras
 from .errors import NonFiniteGradientError
-from .keras import NONFINITE, callbacks as hk_callbacks
-from .pipeline import epoch_batches
+from .aggregate import NONFINITE
+from .keras import callbacks as hk_callbacks
 
 if TYPE_CHECKING:
     from .actions import Action
-    from .trainer import Job
+    from .run import Run
 
 
 class _EpochClock(keras.callbacks.Callback):
@@ -27,33 +27,38 @@ class _EpochClock(keras.callbacks.Callback):
         self.seconds = time.perf_counter() - self.t0
 
 
-def run_epochs(job: "Job", actions: "list[Action]") -> float:
-    """Train from ``job.start_epoch`` to ``cfg.epochs``; returns the wall time."""
+def run_epochs(job: "Run", actions: "list[Action]") -> float:
+    """Train from ``job.start_epoch`` to ``job.num_epochs`` (or until a callback sets
+    ``model.stop_training``, e.g. early stopping); returns the wall time."""
     broadcast = hk_callbacks.BroadcastGlobalVariablesCallback(0)  # once, at the start
     t0 = time.perf_counter()
-    for epoch in range(job.start_epoch, job.cfg.epochs):
+    for epoch in range(job.start_epoch, job.num_epochs):
         for action in actions:
             action.on_epoch_begin(job, epoch)
         row = _fit_epoch(job, epoch, [broadcast, *(c for a in actions for c in a.callbacks(job))])
         for action in actions:
             action.on_epoch_end(job, epoch, row)
         job.epochs.append(row)
+        if any(job.comm.allgather(bool(job.model.stop_training))):  # all ranks stop together
+            break
     for action in actions:
         action.on_train_end(job)
     return time.perf_counter() - t0
 
 
-def _fit_epoch(job: "Job", epoch: int, callbacks: list) -> dict:
-    """One ``model.fit`` epoch on the plan in effect; the epoch's row (metrics over all ranks)."""
+def _fit_epoch(job: "Run", epoch: int, callbacks: list) -> dict:
+    """One ``model.fit`` epoch on the plan in effect; the epoch's row (metrics over all ranks,
+    averaged before the actions' callbacks see them)."""
     clock = _EpochClock()
-    batches = epoch_batches(job.train_xy, job.plan, job.rank, job.cfg.seed, epoch)
+    batches = job.batches(epoch)
     metrics = hk_callbacks.MetricAverageCallback(job.plan.shard_sizes[job.rank])
     try:
         with tf.device(job.device):
             history = job.model.fit(batches, epochs=epoch + 1, initial_epoch=epoch,
                                     steps_per_epoch=job.plan.steps_per_epoch, verbose=0,
+                                    validation_data=job.validation,
                                     shuffle=False,  # the pipeline orders each epoch itself
-                                    callbacks=[*callbacks, clock, metrics])
+                                    callbacks=[clock, metrics, *callbacks])
     except tf.errors.InvalidArgumentError as exc:
         if NONFINITE in str(exc):
             raise NonFiniteGradientError(

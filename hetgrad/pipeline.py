@@ -8,14 +8,13 @@ import tensorflow as tf
 from .partition import Plan
 
 
-def epoch_batches(xy: tuple[tf.Tensor, tf.Tensor], plan: Plan, rank: int, seed: int,
-                  epoch: int) -> tf.data.Dataset:
-    """Batches of ``plan.batches[rank]`` from ``rank``'s shard of the tensors ``xy``."""
-    x, y = xy
+def epoch_batches(xy, plan: Plan, rank: int, seed: int, epoch) -> tf.data.Dataset:
+    """Batches of ``plan.batches[rank]`` from ``rank``'s shard of ``xy`` (a tensor or a
+    nested structure of tensors of equal length, e.g. ``(x, y)`` or ``({"a": a}, y)``)."""
     order = shard_order(plan.shard_sizes[rank], plan.shard_starts[rank], seed, rank, epoch)
     return (tf.data.Dataset.from_tensor_slices(order)
             .batch(plan.batches[rank])
-            .map(lambda idx: (tf.gather(x, idx), tf.gather(y, idx)))
+            .map(lambda idx: tf.nest.map_structure(lambda t: tf.gather(t, idx), xy))
             .prefetch(2))
 
 

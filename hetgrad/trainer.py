@@ -17,7 +17,7 @@ from .actions import Action, Balance, Checkpointing, Emulation, Evaluation, Spar
 from .checkpoint import Checkpointer, read_state
 from .compat import keras
 from .config import TrainConfig
-from .emulate import SpeedEmulator, parse_schedule
+from .emulate import parse_schedule
 from .errors import ConfigError
 from .io import write_json
 from .keras import DistributedOptimizer, count_samples
@@ -26,13 +26,14 @@ from .partition import Plan, equal_plan, make_plan
 from .perfmodel import probe_batches
 from .rebalance import Rebalancer
 from .record import build_record, sparse_bytes
+from .run import Run
 from .runtime import configure_tf, init
 from .sparse_exchange import SparseReducer
 
 
 @dataclass
-class Job:
-    """Everything one run holds; actions read it and may replace ``plan``."""
+class Job(Run):
+    """Everything one ``hetgrad train`` run holds; actions read it and may replace ``plan``."""
 
     cfg: TrainConfig
     comm: Any
@@ -51,18 +52,9 @@ class Job:
     sparse_steps: list[dict] = field(default_factory=list)
 
     def __post_init__(self):
-        self.rank, self.size = self.comm.rank, self.comm.size
         self.first_plan = self.plan
         self.start_epoch = self.state["epoch"] if self.state else 0
-
-    @property
-    def aggregation(self):
-        """The hetgrad optimizer's aggregation (None for the Horovod baselines)."""
-        return getattr(self.optimizer, "hetgrad", None)
-
-    @property
-    def reducer(self):
-        return self.aggregation.reducer if self.aggregation is not None else None
+        self.seed, self.num_epochs = self.cfg.seed, self.cfg.epochs
 
 
 def build_job(cfg: TrainConfig) -> Job:
@@ -102,7 +94,7 @@ def emulation_of(cfg: TrainConfig, comm) -> Emulation | None:
     if not cfg.emulate_speeds:
         return None
     schedule = parse_schedule(cfg.emulate_speeds, comm.size)
-    return Emulation(schedule, SpeedEmulator(schedule[0][comm.rank], cfg.emulate_unit))
+    return Emulation.of(schedule, cfg.emulate_unit, comm.rank)
 
 
 def measure_ranks(cfg: TrainConfig, comm, data, device: str, state: dict | None = None,

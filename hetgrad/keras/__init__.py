@@ -16,42 +16,31 @@ from horovod.tensorflow import (Average, Compression, Sum, allgather, allreduce,
                                 local_size, rank, shutdown, size)
 
 from .. import compat
-from ..aggregate import NONFINITE, Aggregation, FixedWeight, PlanWeight
+from ..aggregate import NONFINITE
 from . import callbacks
 from .counting import count_samples
 from .data import shard
-from .optimizer import DistributedOptimizer
+from .optimizer import DistributedOptimizer, aggregation_of, set_plan
 from .probing import probe
 
-__all__ = ["DistributedOptimizer", "probe", "shard", "set_plan", "count_samples",
+__all__ = ["DistributedOptimizer", "probe", "shard", "fit", "set_plan", "count_samples",
            "aggregation_of", "callbacks", "load_model", "NONFINITE", "init", "is_initialized", "shutdown", "rank", "size",
            "local_rank", "local_size", "allreduce", "allgather", "broadcast",
            "broadcast_variables", "Compression", "Average", "Sum",
            "BroadcastGlobalVariablesCallback", "WeightedMetricAverageCallback"]
 
+def __getattr__(name: str):
+    """``fit`` on first use (:mod:`.fitting` builds on the training loop, which uses this
+    module's callbacks and optimizer)."""
+    if name == "fit":
+        from .fitting import fit
+        return fit
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 # the names Horovod users import from the module itself
 BroadcastGlobalVariablesCallback = callbacks.BroadcastGlobalVariablesCallback
 WeightedMetricAverageCallback = callbacks.MetricAverageCallback
-
-
-def aggregation_of(optimizer) -> Aggregation:
-    """The :class:`~hetgrad.aggregate.Aggregation` of a hetgrad optimizer."""
-    agg = getattr(optimizer, "hetgrad", None)
-    if not isinstance(agg, Aggregation):
-        raise ValueError("not a hetgrad DistributedOptimizer")
-    return agg
-
-
-def set_plan(optimizer, plan) -> None:
-    """Use ``plan``'s shares from the next step on (after a re-partition between epochs).
-
-    A no-op for ``weight="samples"`` (it counts whatever arrives); a fixed float share cannot
-    follow a new plan and raises."""
-    weight = aggregation_of(optimizer).weight
-    if isinstance(weight, PlanWeight):
-        weight.update(plan)
-    elif isinstance(weight, FixedWeight):
-        raise ValueError("a fixed float weight cannot follow a new plan; use weight='plan'")
 
 
 def load_model(filepath, *, custom_objects: dict | None = None, compile: bool = True,

@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from ..errors import HetgradError
 from ..partition import Plan
-from ..pipeline import shard_order
+from ..pipeline import epoch_batches
 
 
 def num_samples(x, y=None) -> int:
@@ -57,13 +57,9 @@ def shard(x, y=None, plan: Plan | None = None, *, seed: int = 0,
         _check_size(plan, _cardinality(x))
         part = x.skip(lo).take(n).cache()
         return part.shuffle(n, seed=seed * 1_000_003 + rank).batch(b).repeat()
-    _check_size(plan, num_samples(x, y))
-    data = tf.nest.map_structure(_on_cpu, (x, y) if y is not None else x)
-    epochs = tf.data.Dataset.counter()
-    order = epochs.flat_map(lambda e: tf.data.Dataset.from_tensor_slices(
-        shard_order(n, lo, seed, rank, e)).batch(b))
-    return order.map(lambda idx: tf.nest.map_structure(lambda t: tf.gather(t, idx), data),
-                     num_parallel_calls=tf.data.AUTOTUNE).prefetch(2)
+    data = on_cpu(x, y, plan)
+    return tf.data.Dataset.counter().flat_map(
+        lambda epoch: epoch_batches(data, plan, rank, seed, epoch))
 
 
 def _rank_in(plan: Plan, rank: int | None) -> int:
@@ -95,6 +91,10 @@ def _cardinality(ds: tf.data.Dataset) -> int:
     return n
 
 
-def _on_cpu(a):
+def on_cpu(x, y, plan: Plan):
+    """``(x, y)`` (or ``x`` without targets) as tensors in host memory, checked against the
+    plan's dataset size; every epoch's input pipeline gathers from them."""
+    _check_size(plan, num_samples(x, y))
     with tf.device("/CPU:0"):
-        return tf.constant(np.asarray(a))
+        return tf.nest.map_structure(lambda a: tf.constant(np.asarray(a)),
+                                     (x, y) if y is not None else x)

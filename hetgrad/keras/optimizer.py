@@ -199,3 +199,23 @@ def DistributedOptimizer(optimizer, weight=None, *, plan=None, rank: int | None 
     opt.hetgrad = Aggregation(_weight_of(weight, plan, rank, opt.iterations, name), reducer,
                               check_finite=check_finite)
     return opt
+
+
+def aggregation_of(optimizer) -> Aggregation:
+    """The :class:`~hetgrad.aggregate.Aggregation` of a hetgrad optimizer."""
+    agg = getattr(optimizer, "hetgrad", None)
+    if not isinstance(agg, Aggregation):
+        raise ValueError("not a hetgrad DistributedOptimizer")
+    return agg
+
+
+def set_plan(optimizer, plan) -> None:
+    """Use ``plan``'s shares from the next step on (after a re-partition between epochs).
+
+    A no-op for ``weight="samples"`` (it counts whatever arrives); a fixed float share cannot
+    follow a new plan and raises."""
+    weight = aggregation_of(optimizer).weight
+    if isinstance(weight, PlanWeight):
+        weight.update(plan)
+    elif isinstance(weight, FixedWeight):
+        raise ValueError("a fixed float weight cannot follow a new plan; use weight='plan'")

@@ -7,6 +7,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .. import compat
+from ..emulate import SpeedEmulator, from_env
 from ..errors import HetgradError
 from ..perfmodel import probe_batches
 from ..probe import ProbeResult, measure, share
@@ -25,9 +26,10 @@ def probe(model, x, y=None, *, global_batch: int | None = None,
     ``batches``: the sizes to time; default 3 geometric sizes from ``B / (4 P)`` up to the
     global batch ``B`` (or ``max_batch``, this rank's memory cap). The model's weights, its
     optimizer's state and its metrics are exactly as before when the probe returns.
+    ``before_step(b)``: called before each timed step (default: the emulated sleep of
+    ``HETGRAD_EMULATE_SPEEDS``, if set).
     """
-    compiled = getattr(model, "compiled", False) or getattr(model, "_is_compiled", False)
-    if not compiled or getattr(model, "optimizer", None) is None:
+    if not compat.is_compiled(model) or getattr(model, "optimizer", None) is None:
         raise HetgradError("compile the model (optimizer and loss) before probing it",
                            field="model")
     n = num_samples(x, y)
@@ -38,6 +40,8 @@ def probe(model, x, y=None, *, global_batch: int | None = None,
     comm = init()
     top = min(global_batch or n, max_batch or n, n)
     sizes = list(batches) if batches else probe_batches(top, global_batch or top, comm.size)
+    if before_step is None:
+        before_step = _emulated_pause(comm)
     with _restored(model):
         points, times = measure(model, lambda b: take((x, y), b), batches=sizes,
                                 warmup=warmup, steps=steps, before_step=before_step,
@@ -62,6 +66,12 @@ class _restored:
             var.assign(value)
         self.model.reset_metrics()
         return False
+
+
+def _emulated_pause(comm) -> Callable[[int], None] | None:
+    """``HETGRAD_EMULATE_SPEEDS``' sleep before each probe step (see hetgrad.emulate)."""
+    env = from_env(comm.size)
+    return SpeedEmulator(env[0][0][comm.rank], env[1]).pause if env else None
 
 
 def _device() -> str:

@@ -6,13 +6,13 @@ import sys
 
 import numpy as np
 
-from hetgrad import loop, trainer
+from hetgrad import run, trainer
 from hetgrad.config import TrainConfig
 from hetgrad.runtime import fail_fast
 
 out, policy = sys.argv[1], sys.argv[2]
 sparse = len(sys.argv) > 3 and sys.argv[3] == "sparse"
-clean = loop.epoch_batches
+clean = run.epoch_batches
 
 
 def poisoned(xy, plan, rank, seed, epoch):
@@ -22,7 +22,7 @@ def poisoned(xy, plan, rank, seed, epoch):
     return ds
 
 
-loop.epoch_batches = poisoned
+run.epoch_batches = poisoned
 with fail_fast():
     trainer.train(TrainConfig(speeds=[1, 2, 1], epochs=3, on_nonfinite=policy, out=out,
                               sparsify="topk" if sparse else None, quiet=True))

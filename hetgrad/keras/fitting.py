@@ -1,0 +1,213 @@
+"""``hk.fit``: the whole pipeline for a user's own compiled model in one call -- probe, plan,
+shard, weighted optimizer, broadcast, weighted metrics, rebalancing between epochs,
+checkpoint/resume -- on the same epoch loop and actions as ``hetgrad train``
+(:mod:`hetgrad.loop`, :mod:`hetgrad.actions`)."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import tensorflow as tf
+
+from .. import compat
+from ..actions import Action, Balance, Checkpointing, Emulation
+from ..checkpoint import Checkpointer, read_state
+from ..emulate import from_env
+from ..errors import HetgradError
+from ..loop import run_epochs
+from ..partition import Plan, make_plan
+from ..probe import ProbeResult
+from ..rebalance import Rebalancer
+from ..run import Run
+from .counting import count_samples
+from .data import num_samples, on_cpu
+from .optimizer import DistributedOptimizer, set_plan
+from .probing import probe
+
+keras = compat.keras
+
+
+@dataclass
+class FitRun(Run):
+    """One ``hk.fit`` call's state (what the loop and the actions read)."""
+
+    comm: Any
+    plan: Plan
+    model: Any
+    optimizer: Any
+    train_xy: Any
+    num_epochs: int
+    seed: int = 0
+    device: str = ""
+    checkpointer: Checkpointer | None = None
+    start_epoch: int = 0
+    epochs: list[dict] = field(default_factory=list)
+    validation: Any = None
+
+
+def fit(model, x, y=None, *, global_batch: int, epochs: int, validation_data=None,
+        plan: Plan | None = None, rebalance: bool = True, rebalance_threshold: float = 0.03,
+        min_batch: int = 1, max_batch: int | Sequence[int] | None = None,
+        checkpoint_dir: str | None = None, resume: bool = False, seed: int = 0,
+        probe_steps: int = 8, callbacks: Sequence = (), verbose: int = 2, device: str = ""):
+    """Train the compiled ``model`` on ``(x, y)`` (arrays or dicts of arrays, the same on every
+    rank) with local batches that sum to ``global_batch``; returns the Keras ``History``.
+
+    Probes this model on every rank (unless ``plan`` is given), plans, wraps the compiled
+    optimizer in :func:`DistributedOptimizer` with the plan's exact weights and recompiles
+    with the same loss and metrics, then runs ``epochs`` epochs on this rank's shard, with
+    rebalancing between epochs (``rebalance``), Keras ``callbacks`` (they see one ``fit``,
+    metrics averaged over ranks; early stopping stops every rank), ``validation_data``
+    scored on every rank, and checkpoints in ``checkpoint_dir`` after every epoch; with
+    ``resume`` it continues from the checkpoint there (same plan). Progress: rank 0 only.
+    """
+    from ..runtime import init
+    comm = init()
+    if isinstance(x, tf.data.Dataset):
+        raise HetgradError("hk.fit takes arrays or dicts of arrays; for a tf.data.Dataset use "
+                           "hk.shard(ds, plan=...) with model.fit", field="x")
+    if not compat.is_compiled(model):
+        raise HetgradError("compile the model (optimizer and loss) before hk.fit", field="model")
+    n = num_samples(x, y)
+    make_plan([1.0] * comm.size, global_batch, n, min_batch=min_batch, max_batch=max_batch)
+    env = from_env(comm.size)   # (the line above checks the plan's arguments before any work)
+    emulation = Emulation.of(*env, comm.rank) if env else None
+    state = _resume_state(checkpoint_dir, resume)
+    perf: list[ProbeResult] = []
+    if state:
+        plan, perf = Plan(**state["plan"]), [ProbeResult(**p) for p in state.get("probe", [])]
+    elif plan is None:
+        perf = probe(model, x, y, global_batch=global_batch, steps=probe_steps,
+                     max_batch=max_batch[comm.rank] if isinstance(max_batch, Sequence)
+                     else max_batch, device=device)
+        plan = make_plan(perf, global_batch, n, min_batch=min_batch, max_batch=max_batch)
+    _check_plan(plan, comm.size, n, global_batch)
+    optimizer = _weighted(model, plan, comm.rank)
+    run = FitRun(comm, plan, model, optimizer, on_cpu(x, y, plan), epochs, seed, device,
+                 Checkpointer(checkpoint_dir, model, optimizer, comm.rank,
+                              state={"probe": [asdict(p) for p in perf]}),
+                 start_epoch=state["epoch"] if state else 0, validation=validation_data)
+    if state:
+        run.checkpointer.restore(state)
+    if comm.rank == 0 and verbose:
+        print(f"hetgrad: plan batches {plan.batches} (B={plan.global_batch}), "
+              f"{plan.steps_per_epoch} steps/epoch", flush=True)
+    history = keras.callbacks.History()
+    users = UserCallbacks([history, *callbacks, *_progress(verbose, comm.rank)], epochs)
+    actions: list[Action] = [emulation] if emulation else []
+    rebalancer = Rebalancer(comm, models=[p.model() for p in perf] or None,
+                            threshold=rebalance_threshold if rebalance else None,
+                            min_batch=min_batch, max_batch=max_batch)
+    actions += [Balance(rebalancer, verbose > 0), users, Checkpointing(run.checkpointer)]
+    run_epochs(run, actions)
+    model.history = history
+    return history
+
+
+def _resume_state(checkpoint_dir: str | None, resume: bool) -> dict | None:
+    if not resume:
+        return None
+    if not checkpoint_dir:
+        raise HetgradError("resume needs the checkpoint_dir to continue from", field="resume")
+    if not (Path(checkpoint_dir) / "state.json").is_file():
+        return None  # nothing saved yet: a first run (e.g. a Slurm job before its requeue)
+    return read_state(checkpoint_dir)
+
+
+def _check_plan(plan: Plan, size: int, n: int, global_batch: int) -> None:
+    if plan.world_size != size:
+        raise HetgradError(f"the plan is for {plan.world_size} ranks, this job has {size}",
+                           field="plan")
+    if plan.dataset_size != n:
+        raise HetgradError(f"the plan is for {plan.dataset_size} samples, the data has {n}",
+                           field="plan")
+    if plan.global_batch != global_batch:
+        raise HetgradError(f"the plan is for a global batch of {plan.global_batch}, not "
+                           f"{global_batch}", field="plan")
+
+
+def _weighted(model, plan: Plan, rank: int):
+    """The model recompiled with a hetgrad optimizer following ``plan`` (the compiled one
+    wrapped, or kept if it already is one); returns that optimizer."""
+    opt = model.optimizer
+    agg = getattr(opt, "hetgrad", None)
+    if agg is None:
+        opt = DistributedOptimizer(opt, plan=plan, rank=rank)
+        compat.recompile(model, opt)
+    else:
+        set_plan(opt, plan)
+        count_samples(model)    # for weight="samples"; harmless for the plan's weights
+    return opt
+
+
+def _progress(verbose: int, rank: int) -> list:
+    """Keras's progress bar (``verbose`` 1) or epoch lines (2), on rank 0 only."""
+    if not verbose or rank != 0:
+        return []
+    bar = keras.callbacks.ProgbarLogger()
+    bar.hetgrad_verbose = verbose
+    return [bar]
+
+
+class UserCallbacks(Action):
+    """The user's Keras callbacks, shown the loop's per-epoch ``model.fit`` calls as one."""
+
+    def __init__(self, callbacks: Sequence, epochs: int):
+        self.adapter = OneFit(callbacks, epochs)
+
+    def callbacks(self, job):
+        return [self.adapter]
+
+    def on_train_end(self, job):
+        self.adapter.finish()
+
+
+class OneFit(keras.callbacks.Callback):
+    """Keras callbacks that see many ``model.fit`` calls of one epoch each as one ``fit``:
+    ``on_train_begin`` once, ``on_train_end`` at :meth:`finish`, ``params["epochs"]`` the
+    run's epochs. The loop adds it after the metric average: they see metrics over all ranks."""
+
+    def __init__(self, callbacks: Sequence, epochs: int):
+        super().__init__()
+        self.inner, self.total = list(callbacks), epochs
+        self.started, self.last_logs = False, None
+
+    def set_model(self, model):
+        super().set_model(model)
+        for cb in self.inner:
+            cb.set_model(model)
+
+    def set_params(self, params):
+        super().set_params(params)
+        for cb in self.inner:
+            verbose = getattr(cb, "hetgrad_verbose", params.get("verbose"))
+            cb.set_params({**params, "epochs": self.total, "verbose": verbose})
+
+    def on_train_begin(self, logs=None):
+        if not self.started:
+            self.started = True
+            self._call("on_train_begin", logs)
+
+    def on_train_end(self, logs=None):
+        self.last_logs = logs
+
+    def finish(self) -> None:
+        if self.started:
+            self._call("on_train_end", self.last_logs)
+
+    def _call(self, hook: str, *args) -> None:
+        for cb in self.inner:
+            getattr(cb, hook)(*args)
+
+
+def _forward(hook: str):
+    def method(self, *args, **kwargs):
+        self._call(hook, *args)
+    method.__name__ = hook
+    return method
+
+
+for _hook in ("on_epoch_begin", "on_epoch_end", "on_train_batch_begin", "on_train_batch_end",
+              "on_test_begin", "on_test_end", "on_test_batch_begin", "on_test_batch_end"):
+    setattr(OneFit, _hook, _forward(_hook))
