@@ -50,10 +50,12 @@ def main() -> None:
                         callbacks=[hk.callbacks.BroadcastGlobalVariablesCallback(0),
                                    hk.callbacks.MetricAverageCallback()],
                         verbose=2 if comm.rank == 0 else 0)
+    agree = hk.replicas_agree(model)   # a collective: every rank calls it
     if comm.rank == 0:
         loss = history.history["loss"]
         print(f"loss: first epoch {loss[0]:.4f}, last epoch {loss[-1]:.4f}, "
-              f"predicting the mean {float(np.var(y)):.4f}", flush=True)
+              f"predicting the mean {float(np.var(y)):.4f}; replicas agree: {agree}",
+              flush=True)
 
 
 if __name__ == "__main__":

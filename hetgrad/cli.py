@@ -17,7 +17,7 @@ import click
 from .config import SETTINGS, TrainConfig, check_value, parse_settings
 from .errors import ConfigError, HetgradError
 
-PROBE_OPTIONS = ("data", "model", "emulate_speeds", "emulate_unit", "threads", "device",
+PROBE_OPTIONS = ("data", "model", "loss", "emulate_speeds", "emulate_unit", "threads", "device",
                  "global_batch", "max_batch", "probe_batch", "probe_sizes", "probe_steps",
                  "probe_timeout", "out")
 PROBE_OVERRIDES = {"out": dict(default="probe.json", help="where rank 0 writes the results")}

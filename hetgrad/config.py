@@ -68,7 +68,10 @@ class TrainConfig:
     """Everything one ``hetgrad train`` job needs; ``TrainConfig(**kwargs).check()`` validates."""
 
     data: str = setting("digits", "digits (embedded), synthetic, or a Keras-format .npz path")
-    model: str = setting("mlp", "mlp | cnn | resnet | wide-mlp")
+    model: str = setting("mlp", "mlp | cnn | resnet | wide-mlp, or your own: an import path "
+                         "module:function, called as function(input_shape, num_classes)")
+    loss: str | None = setting(None, "a Keras loss name, e.g. categorical_hinge (default: "
+                               "sparse categorical cross-entropy on logits)")
     mode: str = setting("weighted", "weighted: hetgrad; uneven-avg: uneven batches with "
                         "Horovod's average; equal: Horovod's equal batches", choices=MODES)
     weighting: str = setting("plan", "weighted mode: the plan's per-step shares (exact, free) "
@@ -128,6 +131,9 @@ class TrainConfig:
         if self.resume and not (Path(self.resume) / "state.json").is_file():
             raise ConfigError(f"no checkpoint in {self.resume} (state.json missing)",
                               field="resume")
+        from . import models   # imports the user's model module: its errors come now
+        models.resolve(self.model)
+        models.loss(self.loss)
         out_dir = Path(self.out).resolve().parent
         if not out_dir.is_dir():
             raise ConfigError(f"directory {out_dir} does not exist", field="out")

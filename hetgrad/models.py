@@ -1,5 +1,12 @@
-"""Models: MLP, small CNN, small ResNet (Keras functional API of the running flavour)."""
+"""Models: MLP, small CNN, small ResNet (Keras functional API of the running flavour), or a
+user's own model function named by an import path (``mypkg.models:build``)."""
 from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import sys
+from typing import Callable
 
 from .compat import keras
 from .errors import ConfigError
@@ -50,9 +57,58 @@ def wide_mlp(input_shape, num_classes: int, width: int = 1024) -> keras.Model:
 MODELS = {"mlp": mlp, "cnn": cnn, "resnet": resnet, "wide-mlp": wide_mlp}
 
 
-def build(name: str, input_shape, num_classes: int, seed: int = 0) -> keras.Model:
-    """Build model ``name`` with weights seeded by ``seed`` (same on every rank)."""
-    if name not in MODELS:
-        raise ConfigError(f"unknown model {name!r}; choose from {sorted(MODELS)}", field="model")
+def resolve(name: str) -> Callable:
+    """The function that builds model ``name``: a built-in, or ``module:function`` (imported
+    with the working directory on the path), called as ``function(input_shape, num_classes)``."""
+    if ":" not in name:
+        if name not in MODELS:
+            raise ConfigError(f"unknown model {name!r}; choose from {sorted(MODELS)} or give "
+                              "an import path module:function", field="model")
+        return MODELS[name]
+    module_name, _, attr = name.partition(":")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())   # as `python train.py` would find the user's module
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"cannot import {module_name!r} ({exc})", field="model") from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ConfigError(f"{module_name} has no function {attr!r}", field="model")
+    try:
+        inspect.signature(fn).bind((1,), 2)
+    except TypeError as exc:
+        raise ConfigError(f"{name} cannot be called as {attr}(input_shape, num_classes): "
+                          f"{exc}", field="model") from None
+    except ValueError:   # no signature to check (a builtin): calling it will tell
+        pass
+    return fn
+
+
+def build(name: str, input_shape, num_classes: int, seed: int = 0,
+          logits: bool = True) -> keras.Model:
+    """Build model ``name`` with weights seeded by ``seed`` (same on every rank); with
+    ``logits`` (the default loss) its output must be one value per class."""
+    fn = resolve(name)
     keras.utils.set_random_seed(seed)
-    return MODELS[name](tuple(input_shape), num_classes)
+    model = fn(tuple(input_shape), num_classes)
+    if not isinstance(model, keras.Model):
+        raise ConfigError(f"{name} returned a {type(model).__name__}, not a model of "
+                          f"{keras.__name__}", field="model")
+    shape = getattr(model, "output_shape", None)
+    if logits and isinstance(shape, tuple) and shape and shape[-1] not in (None, num_classes):
+        raise ConfigError(f"{name} has {shape[-1]} outputs, the data has {num_classes} classes "
+                          "(the default loss wants one logit per class; or give --loss)",
+                          field="model")
+    return model
+
+
+def loss(name: str | None):
+    """A Keras loss by name (``--loss``); default sparse categorical cross-entropy on logits
+    (what the built-in models, which end in a linear layer, need)."""
+    if name is None:
+        return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    try:
+        return keras.losses.get(name)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"unknown Keras loss {name!r} ({exc})", field="loss") from None

@@ -106,11 +106,13 @@ def measure_ranks(cfg: TrainConfig, comm, data, device: str, state: dict | None 
         return probe.load(cfg.probe_file, world_size=comm.size)
     with tf.device(device):
         return probe.run_probe(
-            comm, lambda: models.build(cfg.model, data.input_shape, data.num_classes),
+            comm, lambda: models.build(cfg.model, data.input_shape, data.num_classes,
+                                       logits=cfg.loss is None),
             data.input_shape, data.num_classes, device=device,
             batches=probe_sizes(cfg, comm.rank, comm.size), steps=cfg.probe_steps,
             timeout=cfg.probe_timeout,
-            before_step=emulation.emulator.pause if emulation else None)
+            before_step=emulation.emulator.pause if emulation else None,
+            loss=models.loss(cfg.loss))
 
 
 def probe_sizes(cfg: TrainConfig, rank: int, size: int) -> list[int]:
@@ -157,7 +159,8 @@ def _compile(job: Job):
     """The model and its optimizer: hetgrad's (dense or sparse reducer) or Horovod's average
     for the baselines."""
     cfg = job.cfg
-    model = models.build(cfg.model, job.data.input_shape, job.data.num_classes, seed=cfg.seed)
+    model = models.build(cfg.model, job.data.input_shape, job.data.num_classes, seed=cfg.seed,
+                         logits=cfg.loss is None)
     if cfg.mode != "weighted":
         opt = baseline_optimizer(base_optimizer(cfg), job.size)
     else:
@@ -168,8 +171,7 @@ def _compile(job: Job):
         opt = DistributedOptimizer(base_optimizer(cfg), weight=cfg.weighting, plan=job.plan,
                                    rank=job.rank, reducer=reducer,
                                    check_finite=cfg.on_nonfinite == "abort")
-    model.compile(optimizer=opt, metrics=["accuracy"],
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.compile(optimizer=opt, metrics=["accuracy"], loss=models.loss(cfg.loss))
     if cfg.mode == "weighted" and cfg.weighting == "samples":
         count_samples(model)
     return model, opt

@@ -1,4 +1,5 @@
 """At least ten bad inputs to `hetgrad train`: each a one-line error naming the flag, exit 2."""
+import os
 import subprocess
 import sys
 
@@ -14,6 +15,11 @@ def files(tmp_path_factory):
     x = np.zeros((8, 4, 4), np.float32)
     x[3, 1, 1] = np.nan
     np.savez(d / "nan.npz", x_train=x, y_train=np.arange(8) % 2, x_test=x[:2], y_test=[0, 1])
+    (d / "usermodels.py").write_text(
+        "from hetgrad.compat import keras\n"
+        "def one_output(input_shape, num_classes):\n"
+        "    return keras.Sequential([keras.Input(input_shape), keras.layers.Flatten(),\n"
+        "                             keras.layers.Dense(1)])\n")
     return d
 
 
@@ -24,6 +30,13 @@ CASES = [
     (["--data", "/nonexistent.npz"], "--data: no such dataset or file"),
     (["--data", "{d}/garbage.npz"], "--data: cannot read"),
     (["--model", "transformer"], "--model: unknown model 'transformer'"),
+    (["--model", "no_such_module:build"], "--model: cannot import 'no_such_module'"),
+    (["--model", "examples.cnn_npz:nothing"], "--model: examples.cnn_npz has no function 'nothing'"),
+    (["--model", "examples.cnn_npz:load"], "--model: examples.cnn_npz:load cannot be called as"),
+    (["--model", "numpy:add"], "--model: numpy:add returned a ndarray, not a model"),
+    (["--model", "usermodels:one_output"], "--model: usermodels:one_output has 1 outputs, the "
+     "data has 10 classes"),
+    (["--loss", "nonsense"], "--loss: unknown Keras loss 'nonsense'"),
     (["--device", "tpu"], "--device: unknown device 'tpu'"),
     (["--emulate-speeds", "1,2"], "--emulate-speeds: 2 speeds given for 1 ranks"),
     (["--emulate-speeds", "1,x"], "--emulate-speeds: cannot parse"),
@@ -47,7 +60,8 @@ def test_bad_train_input(files, args, needle):
     args = [a.format(d=files) for a in args]
     p = subprocess.run([sys.executable, "-m", "hetgrad.cli", "train", "--epochs", "1", "--quiet",
                         "--probe-steps", "1", "--out", str(files / "run.json"), *args],
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, PYTHONPATH=str(files)))
     assert p.returncode == 2, p.stderr[-2000:]
     errors = [line for line in p.stderr.splitlines() if line.startswith("hetgrad: error")]
     assert len(errors) == 1 and needle in errors[0], p.stderr[-2000:]

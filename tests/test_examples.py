@@ -1,17 +1,63 @@
-"""The examples run as a user would run them, on real ranks."""
+"""The examples run as a user would run them, on real ranks, with emulated speeds (the probe
+must see them: HETGRAD_EMULATE_SPEEDS slows hk.probe's and hk.fit's steps)."""
 import re
 
-from conftest import run_mpi
+from conftest import ROOT, hetgrad_mpi, read_json, run_mpi
+
+DIGITS = str(ROOT / "hetgrad" / "datasets" / "digits.npz")
 
 
-def test_regression_example_probes_plans_and_trains_on_two_ranks():
-    proc = run_mpi(2, ["examples/regression.py", "--epochs", "6"], timeout=300)
+def emulated(speeds: str) -> dict:
+    return {"HETGRAD_EMULATE_SPEEDS": speeds, "HETGRAD_EMULATE_UNIT": "2e-3"}
+
+
+def run_example(np_: int, args: list[str], speeds: str) -> str:
+    proc = run_mpi(np_, args, env_update=emulated(speeds), timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    plans = re.findall(r"plan: batches \[(\d+), (\d+)\], (\d+) steps per epoch", proc.stdout)
-    assert len(plans) == 1, proc.stdout          # rank 0 only
-    b0, b1, steps = map(int, plans[0])
-    assert b0 + b1 == 256 and steps == -(-4096 // 256)
+    assert "replicas agree: True" in proc.stdout, proc.stdout
+    return proc.stdout
+
+
+def the_plan(out: str, pattern: str) -> list[int]:
+    plans = re.findall(pattern, out)
+    assert len(plans) == 1, out          # rank 0 only
+    return [int(b) for b in plans[0].split(", ")]
+
+
+def test_regression_example_on_two_ranks():
+    out = run_example(2, ["examples/regression.py", "--epochs", "6"], "1,3")
+    b0, b1 = the_plan(out, r"plan: batches \[([\d, ]+)\]")
+    assert b0 + b1 == 256 and b0 < b1, (b0, b1)       # follows speeds 1, 3
+    assert re.search(r"\], 16 steps per epoch", out)  # 4096 / 256
     first, last, mean = map(float, re.search(
-        r"first epoch ([\d.]+), last epoch ([\d.]+), predicting the mean ([\d.]+)",
-        proc.stdout).groups())
-    assert last < first and last < 0.5 * mean, proc.stdout   # it learns
+        r"first epoch ([\d.]+), last epoch ([\d.]+), predicting the mean ([\d.]+)", out).groups())
+    assert last < first and last < 0.5 * mean, out   # it learns
+
+
+def test_cnn_example_on_a_keras_npz_on_two_ranks():
+    out = run_example(2, ["examples/cnn_npz.py", DIGITS, "--epochs", "4"], "1,3")
+    b0, b1 = the_plan(out, r"plan: batches \[([\d, ]+)\]")
+    assert b0 + b1 == 128 and b0 < b1, (b0, b1)
+    first, last, acc = map(float, re.search(
+        r"first epoch ([\d.]+), last epoch ([\d.]+); test accuracy ([\d.]+)", out).groups())
+    assert last < first and acc > 0.6, out            # 10 classes: chance is 0.1
+
+
+def test_fit_example_on_three_ranks():
+    out = run_example(3, ["examples/fit_tabular.py", "--epochs", "4"], "1,2,4")
+    b = the_plan(out, r"hetgrad: plan batches \[([\d, ]+)\]")
+    assert sum(b) == 256 and b[0] < b[1] < b[2], b
+    first, last, acc = map(float, re.search(
+        r"loss ([\d.]+) -> ([\d.]+), val accuracy ([\d.]+)", out).groups())
+    assert last < first and acc > 0.6, out            # 3 classes: chance is 1/3
+
+
+def test_cli_trains_a_user_model_by_import_path(tmp_path):
+    out = tmp_path / "run.json"
+    proc = hetgrad_mpi(2, ["train", "--model", "examples.cnn_npz:build_model", "--data", DIGITS,
+                           "--epochs", "2", "-B", "64", "--speeds", "1,1", "--quiet",
+                           "--out", str(out)], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rec = read_json(out)
+    assert rec["config"]["model"] == "examples.cnn_npz:build_model"
+    assert rec["final_test_accuracy"] > 0.5, rec["final_test_accuracy"]

@@ -22,9 +22,11 @@ from .counting import count_samples
 from .data import shard
 from .optimizer import DistributedOptimizer, aggregation_of, set_plan
 from .probing import probe
+from .replicas import replicas_agree
 
 __all__ = ["DistributedOptimizer", "probe", "shard", "fit", "set_plan", "count_samples",
-           "aggregation_of", "callbacks", "load_model", "NONFINITE", "init", "is_initialized", "shutdown", "rank", "size",
+           "replicas_agree", "aggregation_of", "callbacks", "load_model", "NONFINITE", "init",
+           "is_initialized", "shutdown", "rank", "size",
            "local_rank", "local_size", "allreduce", "allgather", "broadcast",
            "broadcast_variables", "Compression", "Average", "Sum",
            "BroadcastGlobalVariablesCallback", "WeightedMetricAverageCallback"]
