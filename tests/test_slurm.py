@@ -52,6 +52,20 @@ def test_train_sbatch_runs_and_reuses_probe(slurm, tmp_path):
     assert "reusing" in log and "probe.json" in log
 
 
+def test_train_sbatch_runs_a_user_script(slurm, tmp_path):
+    env = {"HETGRAD_VENV": str(ROOT / ".venv"), "HETGRAD_JOB_DIR": str(tmp_path / "job"),
+           "HETGRAD_SCRIPT": str(ROOT / "examples/fit_tabular.py"),
+           "HETGRAD_EMULATE_SPEEDS": "1,2,4", "HETGRAD_EMULATE_UNIT": "2e-3"}
+    args = ["--nodes=1", "--overcommit", "--ntasks=3", "-w", "gpu1",
+            "--output", str(tmp_path / "out-%j.txt"), str(ROOT / "slurm/train.sbatch"),
+            "--epochs", "2", "--checkpoint-dir", str(tmp_path / "job/ckpt")]
+    p = sbatch(args, env, tmp_path)
+    log = "\n".join(f.read_text() for f in tmp_path.glob("out-*.txt"))
+    assert p.returncode == 0, p.stderr + log[-3000:]
+    assert "trained epochs 1..2" in log and "replicas agree: True" in log, log[-3000:]
+    assert (tmp_path / "job/ckpt/state.json").is_file()
+
+
 def test_hetjob_sbatch_is_accepted(slurm, tmp_path):
     # A two-component hetjob is schedulable here (gpu1 + cpu1 features), but its MPI step cannot
     # start on one host (pmix: shared appdir; pmi2: Debian's Open MPI lacks PMI-2), so only
