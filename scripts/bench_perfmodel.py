@@ -3,8 +3,8 @@
 oracle, under emulated and real (CPU-affinity) heterogeneity.
 
 Per scenario, first an oracle search: short runs of a grid of static batch splits around the
-affine plan (every ordered pair of ranks, one step of samples moved), the best by median epoch
-time becomes the ``oracle`` arm. Then the arms, interleaved (the order turns every repeat):
+affine plan (every ordered pair of ranks, one step of samples moved), the 3 fastest run twice
+more, the best by median becomes the ``oracle`` arm. Then the arms, interleaved (the order turns every repeat):
 
 - ``equal``: Horovod's split (``--mode equal``);
 - ``constant``: the old plan, one probe size, constant speed (``--probe-sizes 1``);
@@ -95,21 +95,32 @@ def grid(batches: list[int], step: int) -> list[list[int]]:
     return out
 
 
-def oracle_search(name, np_, args, pins, epochs, tmp: Path) -> dict:
-    """Run the grid around the affine plan; return the best split and every split's time."""
+def oracle_search(name, np_, args, pins, epochs, tmp: Path, confirm: int = 2) -> dict:
+    """Run the grid around the affine plan once per split, then the best 3 splits ``confirm``
+    more times (one short run's noise must not pick the oracle); return the split with the
+    best median and every run's throughput."""
     from hetgrad.partition import fixed_plan
     base = launch(np_, [*args, "--epochs", "2"], pins, tmp / f"{name}-base.json")
     batches, n = base["plan"]["batches"], base["plan"]["dataset_size"]
     step = max(1, sum(batches) // 48)
-    tried = []
-    for k, split in enumerate(grid(batches, step)):
+    tried = [{"batches": split, "samples_per_s": []} for split in grid(batches, step)]
+
+    def measure(k: int, t: dict) -> None:
         path = tmp / f"{name}-grid{k}.plan.json"
-        fixed_plan(split, n).save(path)
-        rec = launch(np_, [*args, "--plan", str(path), "--epochs", str(max(3, epochs - 1))],
-                     pins, tmp / f"{name}-grid{k}.json")
-        tried.append({"batches": split, "samples_per_s": rec["samples_per_s"]})
-        print(f"{name} grid {split}: {rec['samples_per_s']:.0f} samples/s", flush=True)
-    best = max(tried, key=lambda t: t["samples_per_s"])
+        fixed_plan(t["batches"], n).save(path)
+        rec = launch(np_, [*args, "--plan", str(path), "--epochs", str(max(3, epochs - 1)),
+                           "--seed", str(len(t["samples_per_s"]))], pins,
+                     tmp / f"{name}-grid{k}.json")
+        t["samples_per_s"].append(rec["samples_per_s"])
+        print(f"{name} grid {t['batches']}: {rec['samples_per_s']:.0f} samples/s", flush=True)
+
+    for k, t in enumerate(tried):
+        measure(k, t)
+    top = sorted(range(len(tried)), key=lambda k: -tried[k]["samples_per_s"][0])[:3]
+    for _ in range(confirm):
+        for k in top:
+            measure(k, tried[k])
+    best = max((tried[k] for k in top), key=lambda t: statistics.median(t["samples_per_s"]))
     path = tmp / f"{name}-oracle.plan.json"
     fixed_plan(best["batches"], n).save(path)
     return {"plan_file": str(path), "best": best["batches"], "grid": tried}
