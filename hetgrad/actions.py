@@ -16,7 +16,7 @@ from .keras.optimizer import set_plan
 from .pipeline import batch_size_at
 
 if TYPE_CHECKING:
-    from .loop import Run as Job
+    from .run import Run as Job
 
 
 class Action:

@@ -89,12 +89,11 @@ def measure(model: keras.Model, batch_of: Batch, *, batches: Sequence[int], warm
 def run_probe(comm: Comm, build_model: Callable[[], keras.Model], input_shape, num_classes: int,
               *, device: str, batches: Sequence[int], warmup: int = 3, steps: int = 10,
               before_step: Callable[[int], None] | None = None,
-              timeout: float = 300.0, loss=None) -> list[ProbeResult]:
-    """Probe a fresh copy of ``hetgrad train``'s model (with its ``loss``, default sparse
-    cross-entropy on logits) on synthetic batches."""
+              timeout: float = 300.0, loss) -> list[ProbeResult]:
+    """Probe a fresh copy of ``hetgrad train``'s model, compiled with its ``loss``, on
+    synthetic batches."""
     model = build_model()
-    model.compile(optimizer=keras.optimizers.SGD(0.0),
-                  loss=loss or keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.compile(optimizer=keras.optimizers.SGD(0.0), loss=loss)
     points, times = measure(model, synthetic_batches(input_shape, num_classes),
                             batches=batches, warmup=warmup, steps=steps, before_step=before_step,
                             sync=lambda: comm.gather_with_timeout(None, timeout))

@@ -54,7 +54,9 @@ class Job(Run):
     def __post_init__(self):
         self.first_plan = self.plan
         self.start_epoch = self.state["epoch"] if self.state else 0
-        self.seed, self.num_epochs = self.cfg.seed, self.cfg.epochs
+
+    seed = property(lambda self: self.cfg.seed)           # what the loop reads, from cfg
+    num_epochs = property(lambda self: self.cfg.epochs)
 
 
 def build_job(cfg: TrainConfig) -> Job:
@@ -106,8 +108,7 @@ def measure_ranks(cfg: TrainConfig, comm, data, device: str, state: dict | None 
         return probe.load(cfg.probe_file, world_size=comm.size)
     with tf.device(device):
         return probe.run_probe(
-            comm, lambda: models.build(cfg.model, data.input_shape, data.num_classes,
-                                       logits=cfg.loss is None),
+            comm, lambda: build_model(cfg, data),
             data.input_shape, data.num_classes, device=device,
             batches=probe_sizes(cfg, comm.rank, comm.size), steps=cfg.probe_steps,
             timeout=cfg.probe_timeout,
@@ -142,6 +143,12 @@ def choose_plan(cfg: TrainConfig, size: int, n_train: int, probed: list) -> Plan
                      max_batch=cfg.max_batch)
 
 
+def build_model(cfg: TrainConfig, data: data_mod.Dataset, seed: int = 0):
+    """``--model`` for the data's shape and classes (one logit per class unless ``--loss``)."""
+    return models.build(cfg.model, data.input_shape, data.num_classes, seed=seed,
+                        logits=cfg.loss is None)
+
+
 def base_optimizer(cfg: TrainConfig):
     if cfg.optimizer == "adam":
         return keras.optimizers.Adam(cfg.lr)
@@ -159,8 +166,7 @@ def _compile(job: Job):
     """The model and its optimizer: hetgrad's (dense or sparse reducer) or Horovod's average
     for the baselines."""
     cfg = job.cfg
-    model = models.build(cfg.model, job.data.input_shape, job.data.num_classes, seed=cfg.seed,
-                         logits=cfg.loss is None)
+    model = build_model(cfg, job.data, seed=cfg.seed)
     if cfg.mode != "weighted":
         opt = baseline_optimizer(base_optimizer(cfg), job.size)
     else:

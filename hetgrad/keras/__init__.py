@@ -31,6 +31,7 @@ __all__ = ["DistributedOptimizer", "probe", "shard", "fit", "set_plan", "count_s
            "broadcast_variables", "Compression", "Average", "Sum",
            "BroadcastGlobalVariablesCallback", "WeightedMetricAverageCallback"]
 
+
 def __getattr__(name: str):
     """``fit`` on first use (:mod:`.fitting` builds on the training loop, which uses this
     module's callbacks and optimizer)."""

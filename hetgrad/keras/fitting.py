@@ -73,7 +73,7 @@ def fit(model, x, y=None, *, global_batch: int, epochs: int, validation_data=Non
     make_plan([1.0] * comm.size, global_batch, n, min_batch=min_batch, max_batch=max_batch)
     env = from_env(comm.size)   # (the line above checks the plan's arguments before any work)
     emulation = Emulation.of(*env, comm.rank) if env else None
-    state = _resume_state(checkpoint_dir, resume)
+    state = _resume_state(comm, checkpoint_dir, resume)
     perf: list[ProbeResult] = []
     if state:
         plan, perf = Plan(**state["plan"]), [ProbeResult(**p) for p in state.get("probe", [])]
@@ -105,14 +105,25 @@ def fit(model, x, y=None, *, global_batch: int, epochs: int, validation_data=Non
     return history
 
 
-def _resume_state(checkpoint_dir: str | None, resume: bool) -> dict | None:
+def _resume_state(comm, checkpoint_dir: str | None, resume: bool) -> dict | None:
+    """The checkpoint state to continue from, as rank 0 reads it (so every rank resumes from
+    the same epoch even while rank 0's last save is still landing on a shared file system)."""
     if not resume:
         return None
     if not checkpoint_dir:
         raise HetgradError("resume needs the checkpoint_dir to continue from", field="resume")
-    if not (Path(checkpoint_dir) / "state.json").is_file():
-        return None  # nothing saved yet: a first run (e.g. a Slurm job before its requeue)
-    return read_state(checkpoint_dir)
+    found = None
+    if comm.rank == 0:
+        try:
+            found = (read_state(checkpoint_dir), None) if (
+                Path(checkpoint_dir) / "state.json").is_file() else (None, None)
+        except HetgradError as exc:   # sent to every rank, so none waits in the broadcast
+            found = (None, (type(exc), exc.message, exc.field))
+    state, error = comm.bcast(found, root=0)
+    if error:
+        kind, message, field = error
+        raise kind(message, field=field)
+    return state    # None: nothing saved yet (a first run, e.g. before a Slurm requeue)
 
 
 def _check_plan(plan: Plan, size: int, n: int, global_batch: int) -> None:

@@ -12,13 +12,12 @@ import numpy as np
 import hetgrad
 import hetgrad.keras as hk
 from hetgrad.compat import keras
+from regression_problem import B, LR, N, regression_data  # tests/mpi/
 
 comm = hetgrad.init()
 rank, size = comm.rank, comm.size
 rng = np.random.default_rng(0)
-N, B, LR = 100, 24, 0.1
-x = rng.normal(size=(N, 5)).astype(np.float32)
-y = (x @ rng.normal(size=(5, 1)) + 0.1 * rng.normal(size=(N, 1))).astype(np.float32)
+x, y = regression_data(rng)
 plan = hetgrad.make_plan([1, 2, 4][:size], B, N)
 res = {}
 
@@ -74,14 +73,13 @@ stop = keras.callbacks.EarlyStopping(monitor="loss", patience=0, min_delta=1e9)
 res["early_stop_epochs"] = hk.fit(compiled(), x, y, global_batch=B, epochs=6, plan=plan,
                                   callbacks=[stop], verbose=0).epoch
 
-# 3. 2 epochs + resume to 4 == 4 epochs straight
-ckpt = sys.argv[2]
+# 3. 2 epochs + resume to 4 == 4 epochs straight (no rebalancing: its re-plans follow timings)
+ckpt, fixed = sys.argv[2], dict(global_batch=B, plan=plan, rebalance=False, verbose=0)
 straight = compiled()
-hk.fit(straight, x, y, global_batch=B, epochs=4, plan=plan, verbose=0)
-hk.fit(compiled(), x, y, global_batch=B, epochs=2, plan=plan, checkpoint_dir=ckpt, verbose=0)
+hk.fit(straight, x, y, epochs=4, **fixed)
+hk.fit(compiled(), x, y, epochs=2, checkpoint_dir=ckpt, **fixed)
 resumed = compiled(seed=11)   # other initial weights: all of them come from the checkpoint
-hist = hk.fit(resumed, x, y, global_batch=B, epochs=4, plan=plan, checkpoint_dir=ckpt,
-              resume=True, verbose=0)
+hist = hk.fit(resumed, x, y, epochs=4, checkpoint_dir=ckpt, resume=True, **fixed)
 res["resumed_epochs"] = hist.epoch
 res["resume_err"] = max(float(np.max(np.abs(a - b)))
                         for a, b in zip(resumed.get_weights(), straight.get_weights()))

@@ -12,13 +12,12 @@ import tensorflow as tf
 import hetgrad
 import hetgrad.keras as hk
 from hetgrad.compat import keras, optimizer_variables
+from regression_problem import B, LR, N, regression_data  # tests/mpi/
 
 comm = hetgrad.init()
 rank, size = comm.rank, comm.size
 rng = np.random.default_rng(0)
-N, B, LR = 100, 24, 0.1
-x = rng.normal(size=(N, 5)).astype(np.float32)
-y = (x @ rng.normal(size=(5, 1)) + 0.1 * rng.normal(size=(N, 1))).astype(np.float32)
+x, y = regression_data(rng)
 res = {}
 
 
