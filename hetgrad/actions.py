@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from .compat import keras
 from .emulate import SpeedEmulator, speed_at
+from .keras.callbacks import DensityWarmup
 from .keras.optimizer import set_plan
 from .pipeline import batch_size_at
 
@@ -101,29 +102,39 @@ class Balance(Action):
         set_plan(job.optimizer, new)
 
 
-class SparseStats(Action):
-    """The sparse exchange's per-step statistics, tagged with epoch and step."""
+class Sparse(Action):
+    """The sparse exchange's density for each epoch (DGC's warm-up) and its per-step
+    statistics (k, |U|, bytes), tagged with epoch and step, into ``job.sparse_steps``."""
 
     def __init__(self, reducer):
         self.reducer = reducer
 
+    def callbacks(self, job):
+        return [DensityWarmup()]
+
     def on_epoch_end(self, job, epoch, row):
-        job.sparse_steps += [{"epoch": epoch + 1, "step": i, **vars(s)}
-                             for i, s in enumerate(self.reducer.take_log())]
+        steps = self.reducer.take_log()
+        row["density"] = self.reducer.density
+        if steps:
+            row["buildup"] = sum(s["buildup"] for s in steps) / len(steps)
+        if hasattr(job, "sparse_steps"):
+            job.sparse_steps += [{"epoch": epoch + 1, "step": i, **s}
+                                 for i, s in enumerate(steps)]
 
 
 class Checkpointing(Action):
-    """Rank 0 saves model, optimizer, plan in effect and every rank's reducer state."""
+    """Rank 0 saves model, optimizer, plan in effect and every rank's exchange state (the
+    sparse memory of the optimizer's reducer, gathered to rank 0)."""
 
-    def __init__(self, checkpointer, reducer=None):
-        self.checkpointer, self.reducer = checkpointer, reducer
+    def __init__(self, checkpointer):
+        self.checkpointer = checkpointer
 
     def on_epoch_end(self, job, epoch, row):
         if not self.checkpointer.due(epoch + 1, last=epoch + 1 == job.num_epochs):
             return
         per_rank = None
-        if self.reducer is not None:
-            states = job.comm.gather(self.reducer.state_dict(), root=0)
+        if job.reducer is not None:
+            states = job.comm.gather(job.reducer.state_dict(), root=0)
             per_rank = states if job.rank == 0 and any(states) else None
         self.checkpointer.save(epoch + 1, per_rank, plan=job.plan.to_dict())
 

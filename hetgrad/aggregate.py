@@ -12,7 +12,7 @@ An :class:`Aggregation` owns the three things every exchange shares:
 
 The exchange itself is a :class:`Reducer` (like a PyTorch DDP communication hook):
 :class:`DenseReducer` (one fused ``grouped_allreduce``) here, the sparse one in
-:mod:`hetgrad.sparse_exchange`. Horovod refuses a different ``prescale_factor`` per rank, hence
+:mod:`hetgrad.sparse`. Horovod refuses a different ``prescale_factor`` per rank, hence
 local weighting and ``op=hvd.Sum``.
 """
 from __future__ import annotations
@@ -93,6 +93,9 @@ class Reducer:
 
     def reduce(self, grads: list) -> list:
         raise NotImplementedError
+
+    def build(self, shapes) -> None:
+        """Create per-rank state for gradients of these shapes now (before a restore)."""
 
     def state_dict(self) -> dict[str, np.ndarray]:
         return {}

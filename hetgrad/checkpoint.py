@@ -75,13 +75,19 @@ class Checkpointer:
         write_npz(self.dir / "final_weights.npz", *self.model.get_weights())
 
     def restore(self, state: dict) -> None:
-        """Load model and optimizer (slots included) of ``state`` on this rank."""
+        """Load model and optimizer (slots included) of ``state`` on this rank, and this
+        rank's exchange state (sparse memory) where the optimizer's reducer keeps one."""
         build_optimizer(self.optimizer, self.model.trainable_variables)
         path = self.dir / state["checkpoint"] / "ckpt"
         try:
             self.ckpt.read(str(path)).assert_existing_objects_matched()
         except (tf_errors() + (AssertionError, ValueError)) as exc:
             raise InputFileError(f"cannot restore {path}: {exc}", field="resume") from None
+        reducer = getattr(getattr(self.optimizer, "hetgrad", None), "reducer", None)
+        if reducer is not None:
+            reducer.build([v.shape for v in self.model.trainable_variables])
+            if reducer.state_dict():
+                reducer.load_state_dict(self.rank_state(state))
 
     def rank_state(self, state: dict) -> dict:
         """This rank's arrays saved with ``per_rank`` (e.g. sparse residuals)."""

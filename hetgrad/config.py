@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .errors import ConfigError
-from .sparsify import EXCHANGES, POLICIES
+from .sparse.settings import EXCHANGES, POLICIES
 
 MODES = ("weighted", "uneven-avg", "equal")
 WEIGHTINGS = ("plan", "samples")
@@ -104,6 +104,14 @@ class TrainConfig:
     density: float = setting(0.01, "fraction of each tensor's entries sent", check=fraction)
     exchange: str = setting("union", "how sparse entries are combined", choices=EXCHANGES)
     dense_below: int = setting(1024, "tensors with fewer entries stay dense", check=at_least(0))
+    momentum_correction: bool = setting(False, "sparse SGD: run its momentum (0.9) in the "
+                                        "error-feedback memory, cleared where sent (DGC)")
+    density_warmup: int = setting(0, "sparse: epochs over which the density falls "
+                                  "geometrically from dense to --density (DGC)",
+                                  check=at_least(0))
+    local_clip: float | None = setting(None, "sparse: clip each rank's gradient share to "
+                                       "this norm / sqrt(ranks) before error feedback (DGC)",
+                                       check=positive)
     rebalance: bool = setting(False, "re-plan between epochs from each rank's measured busy "
                               "time")
     rebalance_threshold: float = setting(0.03, "re-plan when the new plan's predicted epoch "
@@ -128,6 +136,7 @@ class TrainConfig:
                               "batches)", field="rebalance")
         if self.sparsify is not None and self.mode != "weighted":
             raise ConfigError("sparsification runs with mode 'weighted' only", field="sparsify")
+        self._check_sparse()
         if self.resume and not (Path(self.resume) / "state.json").is_file():
             raise ConfigError(f"no checkpoint in {self.resume} (state.json missing)",
                               field="resume")
@@ -137,6 +146,27 @@ class TrainConfig:
         out_dir = Path(self.out).resolve().parent
         if not out_dir.is_dir():
             raise ConfigError(f"directory {out_dir} does not exist", field="out")
+
+    def _check_sparse(self) -> None:
+        given = {"momentum_correction": self.momentum_correction,
+                 "density_warmup": self.density_warmup, "local_clip": self.local_clip}
+        for name, value in given.items():
+            if value and self.sparsify is None:
+                raise ConfigError("does nothing without --sparsify", field=name)
+        if self.momentum_correction and self.optimizer != "sgd":
+            raise ConfigError("momentum correction is for SGD's momentum; --optimizer is "
+                              f"{self.optimizer}", field="momentum_correction")
+        if self.sparsify is not None:
+            self.sparse_settings()   # its own checks (e.g. leader with exchange allgather)
+
+    def sparse_settings(self, log_steps: int = 4096):
+        """The :class:`~hetgrad.sparse.Sparsify` of ``--sparsify`` and its options."""
+        from .sparse.settings import Sparsify
+        return Sparsify(policy=self.sparsify, density=self.density, exchange=self.exchange,
+                        dense_below=self.dense_below,
+                        momentum=0.9 if self.momentum_correction else 0.0,
+                        clip_norm=self.local_clip, warmup_epochs=self.density_warmup,
+                        log_steps=log_steps)
 
     def to_dict(self) -> dict:
         return asdict(self)

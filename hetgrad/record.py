@@ -7,8 +7,7 @@ from typing import Sequence
 
 from .partition import Plan
 
-SPARSE_KEYS = ("k", "union", "buildup", "bytes_sent", "bytes_received",
-               "aggregator_send_entries")
+SPARSE_KEYS = ("k", "union", "buildup", "bytes_sent", "bytes_received")
 
 
 def build_record(*, config: dict, world_size: int, device: str, controller: str, probe: Sequence[dict],

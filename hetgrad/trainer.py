@@ -9,11 +9,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import numpy as np
 import tensorflow as tf
 
 from . import data as data_mod, models, probe
-from .actions import Action, Balance, Checkpointing, Emulation, Evaluation, SparseStats
+from .actions import Action, Balance, Checkpointing, Emulation, Evaluation, Sparse
 from .checkpoint import Checkpointer, read_state
 from .compat import keras
 from .config import TrainConfig
@@ -28,7 +27,7 @@ from .rebalance import Rebalancer
 from .record import build_record, sparse_bytes
 from .run import Run
 from .runtime import configure_tf, init
-from .sparse_exchange import SparseReducer
+from .sparse.reducer import SparseReducer
 
 
 @dataclass
@@ -86,8 +85,6 @@ def build_job(cfg: TrainConfig) -> Job:
                                     state={"probe": [asdict(p) for p in probed]})
     if state:
         job.checkpointer.restore(state)
-        if job.reducer is not None and job.reducer.state_dict():
-            job.reducer.load_state_dict(job.checkpointer.rank_state(state))
     return job
 
 
@@ -150,9 +147,10 @@ def build_model(cfg: TrainConfig, data: data_mod.Dataset, seed: int = 0):
 
 
 def base_optimizer(cfg: TrainConfig):
+    """Adam, or SGD with momentum 0.9 (kept in the sparse memory with momentum correction)."""
     if cfg.optimizer == "adam":
         return keras.optimizers.Adam(cfg.lr)
-    return keras.optimizers.SGD(cfg.lr, momentum=0.9)
+    return keras.optimizers.SGD(cfg.lr, momentum=0.0 if cfg.momentum_correction else 0.9)
 
 
 def baseline_optimizer(optimizer, size: int):
@@ -170,12 +168,10 @@ def _compile(job: Job):
     if cfg.mode != "weighted":
         opt = baseline_optimizer(base_optimizer(cfg), job.size)
     else:
-        reducer = None if not cfg.sparsify else SparseReducer(
-            job.comm, [int(np.prod(v.shape)) for v in model.trainable_variables],
-            policy=cfg.sparsify, density=cfg.density, exchange=cfg.exchange,
-            dense_below=cfg.dense_below)
+        sparsify = cfg.sparse_settings(max(4096, job.plan.steps_per_epoch)) if cfg.sparsify \
+            else None
         opt = DistributedOptimizer(base_optimizer(cfg), weight=cfg.weighting, plan=job.plan,
-                                   rank=job.rank, reducer=reducer,
+                                   rank=job.rank, sparsify=sparsify,
                                    check_finite=cfg.on_nonfinite == "abort")
     model.compile(optimizer=opt, metrics=["accuracy"], loss=models.loss(cfg.loss))
     if cfg.mode == "weighted" and cfg.weighting == "samples":
@@ -198,8 +194,8 @@ def default_actions(job: Job) -> list[Action]:
             min_batch=cfg.min_batch, max_batch=cfg.max_batch)
         actions.append(Balance(rebalancer, verbose))
     if isinstance(job.reducer, SparseReducer):
-        actions.append(SparseStats(job.reducer))
-    actions.append(Checkpointing(job.checkpointer, job.reducer))
+        actions.append(Sparse(job.reducer))
+    actions.append(Checkpointing(job.checkpointer))
     return actions
 
 

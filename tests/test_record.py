@@ -45,7 +45,7 @@ def test_dropped_samples_do_not_count_and_the_final_plan_is_kept():
 
 def test_sparse_summary_is_the_mean_over_steps():
     steps = [{"epoch": 1, "step": i, "k": 10, "union": u, "buildup": u / 10,
-              "bytes_sent": 80 * u, "bytes_received": 40 * u, "aggregator_send_entries": u}
+              "bytes_sent": 80 * u, "bytes_received": 40 * u}
              for i, u in enumerate([10, 20, 30])]
     rec = record(sparse_steps=steps, sparse_bytes_per_rank=[sparse_bytes(steps)] * 2)
     assert rec["sparse_summary"]["union"] == 20 and rec["sparse_summary"]["buildup"] == 2.0

@@ -26,3 +26,9 @@ def test_three_ranks_weighted_step_equals_full_batch(tmp_path):
     # set_plan between steps (rebalancing) takes effect in the traced step, exactly
     assert d["switched_step_size"] > 1e-2, d
     assert d["switched_plan"] < 1e-5, d
+    # sparse top-k with the union exchange, same uneven batches: exact on U, nothing elsewhere
+    k = 20  # ceil(0.1 x 192) per rank; U is between k and 3k
+    assert k <= d["sparse_union_size"] <= 3 * k, d
+    assert d["sparse_on_union"] < 1e-6 and d["sparse_off_union_kernel"] == 0.0, d
+    assert d["sparse_dropped_step"] > 1e-4, d  # the full step did move entries off U
+    assert d["sparse_small_tensors"] < 1e-6, d

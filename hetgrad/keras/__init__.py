@@ -17,6 +17,7 @@ from horovod.tensorflow import (Average, Compression, Sum, allgather, allreduce,
 
 from .. import compat
 from ..aggregate import NONFINITE
+from ..sparse import Sparsify
 from . import callbacks
 from .counting import count_samples
 from .data import shard
@@ -24,7 +25,7 @@ from .optimizer import DistributedOptimizer, aggregation_of, set_plan
 from .probing import probe
 from .replicas import replicas_agree
 
-__all__ = ["DistributedOptimizer", "probe", "shard", "fit", "set_plan", "count_samples",
+__all__ = ["DistributedOptimizer", "Sparsify", "probe", "shard", "fit", "set_plan", "count_samples",
            "replicas_agree", "aggregation_of", "callbacks", "load_model", "NONFINITE", "init",
            "is_initialized", "shutdown", "rank", "size",
            "local_rank", "local_size", "allreduce", "allgather", "broadcast",

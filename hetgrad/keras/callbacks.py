@@ -131,3 +131,15 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
         if epoch == self.end_epoch - 1 and self.verbose and hvd.rank() == 0:
             print(f"Epoch {epoch + 1}: finished gradual learning rate warmup to "
                   f"{compat.learning_rate(self.model.optimizer):g}.", flush=True)
+
+
+class DensityWarmup(keras.callbacks.Callback):
+    """DGC's density warm-up for a sparse hetgrad optimizer in your own ``model.fit``: each
+    epoch sends the density its ``Sparsify(warmup_epochs=...)`` gives for that epoch."""
+
+    def on_epoch_begin(self, epoch, logs=None):
+        reducer = getattr(getattr(self.model.optimizer, "hetgrad", None), "reducer", None)
+        settings = getattr(reducer, "settings", None)
+        if settings is None or not hasattr(reducer, "set_density"):
+            raise ValueError("DensityWarmup needs a hetgrad DistributedOptimizer(sparsify=...)")
+        reducer.set_density(settings.density_at(epoch))

@@ -11,7 +11,7 @@ from typing import Any, Sequence
 import tensorflow as tf
 
 from .. import compat
-from ..actions import Action, Balance, Checkpointing, Emulation
+from ..actions import Action, Balance, Checkpointing, Emulation, Sparse
 from ..checkpoint import Checkpointer, read_state
 from ..emulate import from_env
 from ..errors import HetgradError
@@ -20,6 +20,7 @@ from ..partition import Plan, make_plan
 from ..probe import ProbeResult
 from ..rebalance import Rebalancer
 from ..run import Run
+from ..sparse.reducer import SparseReducer
 from .counting import count_samples
 from .data import num_samples, on_cpu
 from .optimizer import DistributedOptimizer, set_plan
@@ -50,7 +51,8 @@ def fit(model, x, y=None, *, global_batch: int, epochs: int, validation_data=Non
         plan: Plan | None = None, rebalance: bool = True, rebalance_threshold: float = 0.03,
         min_batch: int = 1, max_batch: int | Sequence[int] | None = None,
         checkpoint_dir: str | None = None, resume: bool = False, seed: int = 0,
-        probe_steps: int = 8, callbacks: Sequence = (), verbose: int = 2, device: str = ""):
+        probe_steps: int = 8, callbacks: Sequence = (), verbose: int = 2, device: str = "",
+        sparsify=None):
     """Train the compiled ``model`` on ``(x, y)`` (arrays or dicts of arrays, the same on every
     rank) with local batches that sum to ``global_batch``; returns the Keras ``History``.
 
@@ -60,7 +62,9 @@ def fit(model, x, y=None, *, global_batch: int, epochs: int, validation_data=Non
     rebalancing between epochs (``rebalance``), Keras ``callbacks`` (they see one ``fit``,
     metrics averaged over ranks; early stopping stops every rank), ``validation_data``
     scored on every rank, and checkpoints in ``checkpoint_dir`` after every epoch; with
-    ``resume`` it continues from the checkpoint there (same plan). Progress: rank 0 only.
+    ``resume`` it continues from the checkpoint there (same plan). ``sparsify`` (a policy
+    name or :class:`hetgrad.sparse.Sparsify`): the top-k exchange instead of the dense one
+    (its density warm-up and per-epoch ``buildup`` |U|/k included). Progress: rank 0 only.
     """
     from ..runtime import init
     comm = init()
@@ -83,7 +87,7 @@ def fit(model, x, y=None, *, global_batch: int, epochs: int, validation_data=Non
                      else max_batch, device=device)
         plan = make_plan(perf, global_batch, n, min_batch=min_batch, max_batch=max_batch)
     _check_plan(plan, comm.size, n, global_batch)
-    optimizer = _weighted(model, plan, comm.rank)
+    optimizer = _weighted(model, plan, comm.rank, sparsify)
     run = FitRun(comm, plan, model, optimizer, on_cpu(x, y, plan), epochs, seed, device,
                  Checkpointer(checkpoint_dir, model, optimizer, comm.rank,
                               state={"probe": [asdict(p) for p in perf]}),
@@ -100,6 +104,8 @@ def fit(model, x, y=None, *, global_batch: int, epochs: int, validation_data=Non
                             threshold=rebalance_threshold if rebalance else None,
                             min_batch=min_batch, max_batch=max_batch)
     actions += [Balance(rebalancer, verbose > 0), users, Checkpointing(run.checkpointer)]
+    if isinstance(run.reducer, SparseReducer):
+        actions.insert(0, Sparse(run.reducer))
     run_epochs(run, actions)
     model.history = history
     return history
@@ -138,13 +144,16 @@ def _check_plan(plan: Plan, size: int, n: int, global_batch: int) -> None:
                            f"{global_batch}", field="plan")
 
 
-def _weighted(model, plan: Plan, rank: int):
+def _weighted(model, plan: Plan, rank: int, sparsify=None):
     """The model recompiled with a hetgrad optimizer following ``plan`` (the compiled one
     wrapped, or kept if it already is one); returns that optimizer."""
     opt = model.optimizer
     agg = getattr(opt, "hetgrad", None)
+    if agg is not None and sparsify is not None:
+        raise HetgradError("the model's optimizer is already hetgrad's: give it sparsify= "
+                           "there, not to hk.fit", field="sparsify")
     if agg is None:
-        opt = DistributedOptimizer(opt, plan=plan, rank=rank)
+        opt = DistributedOptimizer(opt, plan=plan, rank=rank, sparsify=sparsify)
         compat.recompile(model, opt)
     else:
         set_plan(opt, plan)

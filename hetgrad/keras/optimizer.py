@@ -15,6 +15,8 @@ import tensorflow as tf
 from .. import compat
 from ..aggregate import (Aggregation, DenseReducer, FixedWeight, PlanWeight, Reducer,
                          SampleWeight)
+from ..sparse.reducer import SparseReducer
+from ..sparse.settings import Sparsify
 
 
 def _scaled(grads, w) -> list:
@@ -153,7 +155,8 @@ def _weight_of(weight, plan, rank: int | None, iterations, name: str):
 
 
 def DistributedOptimizer(optimizer, weight=None, *, plan=None, rank: int | None = None,
-                         reducer: Reducer | None = None, compression=hvd.Compression.none,
+                         reducer: Reducer | None = None, sparsify=None,
+                         compression=hvd.Compression.none,
                          sparse_as_dense: bool = False, check_finite: bool | None = None,
                          backward_passes_per_step: int = 1,
                          average_aggregated_gradients: bool = False, name: str | None = None):
@@ -164,8 +167,10 @@ def DistributedOptimizer(optimizer, weight=None, *, plan=None, rank: int | None 
     recorded by :func:`count_samples`, which hetgrad's callbacks install in ``fit``);
     ``"plan"`` (the default with ``plan=``; ``rank=``, default ``hvd.rank()``) uses the plan's
     exact per-step shares, partial final step included, with no extra communication
-    (:func:`set_plan` switches plans); a float is a fixed share ``b_i / B``. ``reducer``: the exchange (default
-    :class:`~hetgrad.aggregate.DenseReducer` with ``compression`` and ``sparse_as_dense``).
+    (:func:`set_plan` switches plans); a float is a fixed share ``b_i / B``. ``reducer``: the
+    exchange (default :class:`~hetgrad.aggregate.DenseReducer` with ``compression`` and
+    ``sparse_as_dense``); ``sparsify`` (a policy name or a :class:`hetgrad.sparse.Sparsify`)
+    makes it the in-graph top-k exchange with error feedback instead.
     ``check_finite`` (default on, off for a ``LossScaleOptimizer``, which skips non-finite
     steps itself): a NaN/Inf in this rank's local gradients fails its step with
     :data:`~hetgrad.aggregate.NONFINITE`. ``backward_passes_per_step`` N: accumulate N steps'
@@ -174,7 +179,8 @@ def DistributedOptimizer(optimizer, weight=None, *, plan=None, rank: int | None 
     optimizer of a subclass of ``type(optimizer)`` built from its config, like Horovod's; its
     ``from_config`` keeps the aggregation.
     """
-    args = dict(weight=weight, plan=plan, rank=rank, reducer=reducer, compression=compression,
+    args = dict(weight=weight, plan=plan, rank=rank, reducer=reducer, sparsify=sparsify,
+                compression=compression,
                 sparse_as_dense=sparse_as_dense, check_finite=check_finite,
                 backward_passes_per_step=backward_passes_per_step,
                 average_aggregated_gradients=average_aggregated_gradients, name=name)
@@ -191,7 +197,12 @@ def DistributedOptimizer(optimizer, weight=None, *, plan=None, rank: int | None 
     name = name or "hetgrad"
     if check_finite is None:
         check_finite = not compat.is_loss_scale_optimizer(opt)
-    if reducer is None:
+    if reducer is not None and sparsify is not None:
+        raise ValueError("give DistributedOptimizer a reducer or sparsify=, not both")
+    if sparsify is not None:
+        reducer = SparseReducer(sparsify if isinstance(sparsify, Sparsify)
+                                else Sparsify(sparsify), name=name)
+    elif reducer is None:
         reducer = DenseReducer(compression=compression, sparse_as_dense=sparse_as_dense,
                                name=name)
     opt._hetgrad_passes = int(backward_passes_per_step)

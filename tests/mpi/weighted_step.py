@@ -14,6 +14,7 @@ import tensorflow as tf
 import hetgrad.keras as hk
 from hetgrad import compat
 from hetgrad.partition import Plan
+from hetgrad.sparse import Sparsify
 
 hvd.init()
 tf.config.threading.set_intra_op_parallelism_threads(1)
@@ -144,6 +145,24 @@ flat = lambda ws: np.concatenate([w.ravel() for w in ws])  # noqa: E731
 results["switched_plan"] = float(np.max(np.abs(flat(model.get_weights())
                                                 - flat(ref_model.get_weights()))))
 results["switched_step_size"] = float(np.max(np.abs(flat(w1) - flat(ref_model.get_weights()))))
+
+# Sparse (top-k, union exchange) with the same uneven batches: on the union U the step is the
+# full-batch step exactly (every rank sends its full weighted value there), elsewhere in the
+# sparsified kernel nothing moves; the small tensors (dense_below) are exact everywhere.
+init = flat(dense_model().get_weights())
+full = step(dense_model, sgd(), X, Y)
+sparse = step(dense_model, hk.DistributedOptimizer(
+    sgd(), weight=BATCHES[rank] / B, sparsify=Sparsify("topk", density=0.1, dense_below=100)),
+    X[mine], Y[mine])
+moved, want = sparse - init, full - init
+kernel = slice(0, 12 * 16)                         # the one tensor of >= 100 entries
+on_u = np.zeros(init.size, bool)
+on_u[kernel] = moved[kernel] != 0
+results["sparse_union_size"] = int(on_u.sum())
+results["sparse_on_union"] = float(np.max(np.abs(moved[on_u] - want[on_u])))
+results["sparse_off_union_kernel"] = float(np.max(np.abs(moved[kernel][~on_u[kernel]])))
+results["sparse_dropped_step"] = float(np.max(np.abs(want[kernel][~on_u[kernel]])))
+results["sparse_small_tensors"] = float(np.max(np.abs(moved[kernel.stop:] - want[kernel.stop:])))
 
 if rank == 0:
     with open(sys.argv[1], "w") as f:
