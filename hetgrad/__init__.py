@@ -11,13 +11,15 @@ Library use, in a script under ``mpirun``/``srun``/``horovodrun``::
     model.fit(ds, epochs=E, steps_per_epoch=plan.steps_per_epoch, callbacks=[...])
 
 Importing hetgrad before TensorFlow keeps TF's C++ start-up lines (oneDNN, cpu_feature_guard,
-CUDA stubs) off every rank's output; ``HETGRAD_VERBOSE=1`` (or ``hetgrad --verbose``), or an
-explicit ``TF_CPP_MIN_LOG_LEVEL``, brings them back.
+CUDA stubs) off every rank's output (:mod:`hetgrad.quiet`); ``HETGRAD_VERBOSE=1`` (or
+``hetgrad --verbose``) brings them back.
 """
 import os
 
 if not os.environ.get("HETGRAD_VERBOSE"):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from . import quiet
+    quiet.install()
 
 from .partition import Plan, fixed_plan, make_plan  # noqa: E402  (pure Python, no TF)
 

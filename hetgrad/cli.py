@@ -14,6 +14,7 @@ import sys
 
 import click
 
+from . import quiet
 from .config import SETTINGS, TrainConfig, check_value, parse_settings
 from .errors import ConfigError, HetgradError
 
@@ -74,6 +75,7 @@ def main(verbose: bool) -> None:
     if verbose:  # TensorFlow is not imported yet: it reads these when it is
         os.environ["HETGRAD_VERBOSE"] = "1"
         os.environ["TF_CPP_MIN_LOG_LEVEL"] = "0"
+        quiet.uninstall()
 
 
 @main.command()
@@ -140,15 +142,16 @@ def train(**values):
     _run(body, {n: flag_of(n) for n in SETTINGS})
 
 
-def mpirun_command(np_: int, args: list[str]) -> list[str]:
-    """``mpirun`` line that runs ``python -m hetgrad.cli ARGS`` on ``np_`` local ranks."""
+def mpirun_command(np_: int, args: list[str], mpirun_args: list[str] = ()) -> list[str]:
+    """``mpirun`` line that runs ``python -m hetgrad.cli ARGS`` on ``np_`` local ranks
+    (``mpirun_args``: more options for mpirun, e.g. ``--mca btl self,tcp``)."""
     mpirun = shutil.which("mpirun")
     if mpirun is None:
         raise HetgradError("mpirun not found on PATH (install openmpi-bin: scripts/setup.sh)")
     cmd = [mpirun, "-np", str(np_), "--oversubscribe", "--bind-to", "none"]
     if os.geteuid() == 0:
         cmd.append("--allow-run-as-root")
-    return cmd + [sys.executable, "-m", "hetgrad.cli", *args]
+    return cmd + list(mpirun_args) + [sys.executable, "-m", "hetgrad.cli", *args]
 
 
 @main.command()

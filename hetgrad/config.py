@@ -68,8 +68,9 @@ class TrainConfig:
     """Everything one ``hetgrad train`` job needs; ``TrainConfig(**kwargs).check()`` validates."""
 
     data: str = setting("digits", "digits (embedded), synthetic, or a Keras-format .npz path")
-    model: str = setting("mlp", "mlp | cnn | resnet | wide-mlp, or your own: an import path "
-                         "module:function, called as function(input_shape, num_classes)")
+    model: str = setting("mlp", "mlp | cnn | resnet | wide-mlp | big-mlp, or your own: an "
+                         "import path module:function, called as function(input_shape, "
+                         "num_classes)")
     loss: str | None = setting(None, "a Keras loss name, e.g. categorical_hinge (default: "
                                "sparse categorical cross-entropy on logits)")
     mode: str = setting("weighted", "weighted: hetgrad; uneven-avg: uneven batches with "

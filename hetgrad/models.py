@@ -54,7 +54,13 @@ def wide_mlp(input_shape, num_classes: int, width: int = 1024) -> keras.Model:
     return mlp(input_shape, num_classes, width)
 
 
-MODELS = {"mlp": mlp, "cnn": cnn, "resnet": resnet, "wide-mlp": wide_mlp}
+def big_mlp(input_shape, num_classes: int) -> keras.Model:
+    """About 10.5M parameters on 64 features (width 3200): communication-bound, for the sparse
+    benchmark on a slow network."""
+    return mlp(input_shape, num_classes, 3200)
+
+
+MODELS = {"mlp": mlp, "cnn": cnn, "resnet": resnet, "wide-mlp": wide_mlp, "big-mlp": big_mlp}
 
 
 def resolve(name: str) -> Callable:

@@ -1,17 +1,28 @@
 #!/usr/bin/env python
-"""Benchmark sparse aggregation policies against dense training (issue: sparsification).
+"""Sparse aggregation against dense training: time per step, bytes, |U|/k and accuracy over
+wall-clock time, on shared memory or on MPI over TCP on loopback shaped to a slow network.
 
-For each rank count and policy, runs `hetgrad train` under mpirun on the same data, model,
-seed and epochs, and records mean |U|/k, bytes per step per rank, time per step and final test
-accuracy. All runs of one invocation share the machine, so compare them as ratios.
+Every run is `hetgrad train` under mpirun (equal speeds, fixed plan). Arms: ``dense`` and
+``POLICY/EXCHANGE`` (topk, recent, sticky x allgather, union) and ``leader``; all sparse arms
+with the same DGC options (momentum correction, density warm-up). Runs are interleaved:
+for each seed, for each rank count, every arm once, the arm order turned every time. The
+JSON is rewritten after every run and a rerun skips what it holds (resumable).
 
-    .venv/bin/python scripts/bench_sparse.py --ranks 2,3,4 --epochs 10 --out results/bench_sparse.json
+    # shared memory, digits MLP
+    .venv/bin/python scripts/bench_sparse.py --out results/bench_sparse_shm.json
+    # 1 Gbit/s (tc tbf on lo, MPI forced onto TCP), a 10.5M-parameter MLP; needs root
+    .venv/bin/python scripts/bench_sparse.py --net 1gbit --model big-mlp -B 128 --epochs 8 \\
+        --out results/bench_sparse_1gbit.json
+    .venv/bin/python scripts/bench_sparse.py --out X.json --report docs/img/sparse  # no runs
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -19,96 +30,122 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
 from hetgrad.cli import mpirun_command  # noqa: E402
+from sparse_report import report  # noqa: E402
 
-CONFIGS = [("dense", None, None), ("topk", "topk", "allgather"), ("topk", "topk", "union"),
-           ("recent", "recent", "union"), ("sticky", "sticky", "union"),
-           ("leader", "leader", "union")]
-
-
-def run(np_: int, extra: list[str], out: Path) -> dict:
-    cmd = mpirun_command(np_, ["train", "--quiet", "--out", str(out), *extra])
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
-    if proc.returncode:
-        raise SystemExit(f"failed: {' '.join(cmd)}\n{proc.stderr[-2000:]}")
-    return json.loads(out.read_text())
+ARMS = ["dense", "topk/allgather", "topk/union", "recent/allgather", "recent/union",
+        "sticky/allgather", "sticky/union", "leader"]
+DGC = ["--momentum-correction", "--density-warmup", "2"]
+TCP = ["--mca", "pml", "ob1", "--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", "lo"]
 
 
-def plot(rows: list[dict], png: Path) -> None:
-    """Build-up |U|/k and final accuracy per policy, one group of bars per rank count."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    ranks = sorted({r["ranks"] for r in rows})
-    labels = [f"{p}/{e}" for p, _, e in CONFIGS if p != "dense"]
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
-    width = 0.8 / (len(labels) + 1)
-    for j, lab in enumerate(["dense/dense-allreduce"] + labels):
-        pol, ex = lab.split("/")
-        sel = {r["ranks"]: r for r in rows if r["policy"] == pol and r["exchange"] == ex}
-        xs = [i + j * width for i in range(len(ranks))]
-        if pol != "dense":
-            a1.bar(xs, [sel[n]["buildup"] for n in ranks], width, label=lab, color=f"C{j}")
-        a2.bar(xs, [sel[n]["final_test_accuracy"] for n in ranks], width, label=lab,
-               color=f"C{j}")
-    for a, title in ((a1, "union build-up |U|/k (lower: less to aggregate)"),
-                     (a2, "final test accuracy")):
-        a.set_xticks([i + 0.4 for i in range(len(ranks))], [f"{n} ranks" for n in ranks])
-        a.set_title(title)
-        a.grid(axis="y", alpha=0.3)
-    a2.set_ylim(0.7, 1.0)
-    a2.legend(fontsize=7, loc="lower left")
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
+@contextlib.contextmanager
+def shaped_loopback(rate: str | None):
+    """``lo`` limited to ``rate`` (tc tbf, burst above lo's 64 KiB MTU) for the block, and
+    always restored, on an error or a signal too. Refuses to replace a qdisc it did not add."""
+    if rate is None:
+        yield
+        return
+    if os.geteuid() != 0 or shutil.which("tc") is None:
+        raise SystemExit("--net 1gbit shapes lo with tc: run as root with iproute2 installed")
+    now = subprocess.run(["tc", "qdisc", "show", "dev", "lo"], capture_output=True, text=True)
+    if "noqueue" not in now.stdout:
+        raise SystemExit(f"lo already has a qdisc ({now.stdout.strip()}); not touching it")
+    clear = ["tc", "qdisc", "del", "dev", "lo", "root"]
+    previous = signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))
+    subprocess.run(["tc", "qdisc", "add", "dev", "lo", "root", "tbf", "rate", rate,
+                    "burst", "1mb", "latency", "100ms"], check=True)
+    try:
+        yield
+    finally:
+        subprocess.run(clear, capture_output=True)
+        signal.signal(signal.SIGTERM, previous)
+
+
+def arm_args(arm: str, density: float) -> list[str]:
+    if arm == "dense":
+        return []
+    policy, _, exchange = arm.partition("/")
+    return ["--sparsify", policy, "--exchange", exchange or "union",
+            "--density", str(density), *DGC]
+
+
+def run_one(np_: int, arm: str, seed: int, args, tcp: bool) -> dict:
+    """One `hetgrad train` run; the row this benchmark keeps of its record."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "run.json"
+        train = ["train", "--quiet", "--out", str(out), "--speeds", ",".join(["1"] * np_),
+                 "--epochs", str(args.epochs), "--data", args.data, "--model", args.model,
+                 "-B", str(args.global_batch), "--lr", str(args.lr), "--seed", str(seed),
+                 *arm_args(arm, args.density)]
+        cmd = mpirun_command(np_, train, TCP if tcp else [])
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=5400)
+        if proc.returncode:
+            raise SystemExit(f"failed: {' '.join(cmd)}\n{proc.stderr[-3000:]}")
+        rec = json.loads(out.read_text())
+    return summarize(rec, np_, arm, seed)
+
+
+def summarize(rec: dict, np_: int, arm: str, seed: int) -> dict:
+    steps = rec["plan"]["steps_per_epoch"]
+    row = {"ranks": np_, "arm": arm, "seed": seed,
+           "step_s": rec["median_epoch_time_s"] / steps,
+           "final_test_accuracy": rec["final_test_accuracy"],
+           "curve": [[e["time_s"], e["test_accuracy"]] for e in rec["epochs"]],
+           "wall_time_s": rec["wall_time_s"]}
+    if "sparse_summary" in rec:
+        s = rec["sparse_summary"]
+        late = [r for r in rec["sparse_steps"] if r["epoch"] > rec["config"]["density_warmup"]]
+        row.update(k=s["k"], union=s["union"], buildup=s["buildup"],
+                   buildup_after_warmup=sum(r["buildup"] for r in late) / max(1, len(late)),
+                   bytes_sent=s["bytes_sent"], bytes_received=s["bytes_received"])
+    return row
+
+
+def schedule(ranks: list[int], seeds: list[int], arms: list[str]):
+    """(ranks, arm, seed) in interleaved order: the arm order turns at every block."""
+    turn = 0
+    for seed in seeds:
+        for np_ in ranks:
+            yield from ((np_, arms[(turn + i) % len(arms)], seed) for i in range(len(arms)))
+            turn += 1
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--net", choices=["shm", "1gbit"], default="shm")
     ap.add_argument("--ranks", default="2,3,4")
-    ap.add_argument("--epochs", type=int, default=10)
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--arms", default=",".join(ARMS))
+    ap.add_argument("--epochs", type=int, default=30)
     ap.add_argument("--density", type=float, default=0.01)
     ap.add_argument("--data", default="digits")
     ap.add_argument("--model", default="mlp")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default="results/bench_sparse.json")
-    ap.add_argument("--plot", default=None, help="PNG of build-up and accuracy")
-    ap.add_argument("--plot-only", action="store_true", help="re-plot --out, run nothing")
+    ap.add_argument("-B", "--global-batch", type=int, default=96)
+    ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--report", metavar="PREFIX", help="only write tables/plots from --out")
     args = ap.parse_args()
-    if args.plot_only:
-        plot(json.loads(Path(args.out).read_text())["rows"], Path(args.plot))
+    out = Path(args.out)
+    data = json.loads(out.read_text()) if out.exists() else {"args": vars(args), "rows": []}
+    if args.report:
+        report(data, args.report)
         return
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for np_ in [int(r) for r in args.ranks.split(",")]:
-            for label, policy, exchange in CONFIGS:
-                extra = ["--epochs", str(args.epochs), "--data", args.data, "--model", args.model,
-                         "--seed", str(args.seed), "--speeds", ",".join(["1"] * np_)]
-                if policy:
-                    extra += ["--sparsify", policy, "--exchange", exchange,
-                              "--density", str(args.density)]
-                rec = run(np_, extra, Path(tmp) / "run.json")
-                steps = rec["plan"]["steps_per_epoch"] * args.epochs
-                row = {"ranks": np_, "policy": label, "exchange": exchange or "dense-allreduce",
-                       "final_test_accuracy": rec["final_test_accuracy"],
-                       "best_test_accuracy": rec["best_test_accuracy"],
-                       "time_per_step_s": rec["wall_time_s"] / steps}
-                if policy:
-                    s = rec["sparse_summary"]
-                    row.update(k=s["k"], mean_union=s["union"], buildup=s["buildup"],
-                               bytes_sent_per_step=s["bytes_sent"],
-                               bytes_received_per_step=s["bytes_received"],
-                               aggregator_send_entries=s["aggregator_send_entries"],
-                               buildup_curve=[r["buildup"] for r in rec["sparse_steps"]
-                                              if r["step"] == 0])
-                rows.append(row)
-                print(json.dumps({k: v for k, v in row.items() if k != "buildup_curve"}),
-                      flush=True)
-    Path(args.out).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=2))
-    print(f"wrote {args.out}")
-    if args.plot:
-        plot(rows, Path(args.plot))
+    done = {(r["ranks"], r["arm"], r["seed"]) for r in data["rows"]}
+    todo = [t for t in schedule([int(r) for r in args.ranks.split(",")],
+                                [int(s) for s in args.seeds.split(",")], args.arms.split(","))
+            if t not in done]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with shaped_loopback("1gbit" if args.net == "1gbit" else None):
+        for i, (np_, arm, seed) in enumerate(todo):
+            row = run_one(np_, arm, seed, args, tcp=args.net != "shm")
+            data["rows"].append(row)
+            out.write_text(json.dumps(data, indent=1))
+            print(f"[{i + 1}/{len(todo)}] P={np_} {arm:17s} seed {seed}: step "
+                  f"{1e3 * row['step_s']:.1f} ms, |U|/k {row.get('buildup', 0):.2f}, "
+                  f"acc {row['final_test_accuracy']:.3f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -99,16 +99,22 @@ def fit(model, x, y=None, *, global_batch: int, epochs: int, validation_data=Non
               f"{plan.steps_per_epoch} steps/epoch", flush=True)
     history = keras.callbacks.History()
     users = UserCallbacks([history, *callbacks, *_progress(verbose, comm.rank)], epochs)
-    actions: list[Action] = [emulation] if emulation else []
     rebalancer = Rebalancer(comm, models=[p.model() for p in perf] or None,
                             threshold=rebalance_threshold if rebalance else None,
                             min_batch=min_batch, max_batch=max_batch)
-    actions += [Balance(rebalancer, verbose > 0), users, Checkpointing(run.checkpointer)]
-    if isinstance(run.reducer, SparseReducer):
-        actions.insert(0, Sparse(run.reducer))
-    run_epochs(run, actions)
+    run_epochs(run, _actions(run, emulation, Balance(rebalancer, verbose > 0), users))
     model.history = history
     return history
+
+
+def _actions(run: FitRun, emulation: Emulation | None, balance: Balance,
+             users: "UserCallbacks") -> list[Action]:
+    """What runs around the epochs, in order: emulation, sparse density and statistics,
+    balance, the user's callbacks, checkpoints."""
+    actions: list[Action] = [emulation] if emulation else []
+    if isinstance(run.reducer, SparseReducer):
+        actions.append(Sparse(run.reducer))
+    return actions + [balance, users, Checkpointing(run.checkpointer)]
 
 
 def _resume_state(comm, checkpoint_dir: str | None, resume: bool) -> dict | None:

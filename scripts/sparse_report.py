@@ -1,0 +1,102 @@
+"""Tables and plots of ``scripts/bench_sparse.py``'s JSON: per rank count and arm, the mean over
+seeds, step time as a ratio to dense within the same (ranks, seed) block, and time to reach
+dense's final accuracy."""
+from __future__ import annotations
+
+import itertools
+import statistics
+from pathlib import Path
+
+TARGET_GAP = 0.01  # time to reach dense's mean final accuracy minus this
+
+
+def cumulative(curve: list) -> list[tuple[float, float]]:
+    """(seconds of training so far, test accuracy) after each epoch."""
+    return list(zip(itertools.accumulate(t for t, _ in curve), (a for _, a in curve)))
+
+
+def time_to(curve: list, target: float) -> float | None:
+    return next((t for t, a in cumulative(curve) if a >= target), None)
+
+
+def summary(rows: list[dict]) -> list[dict]:
+    """One line per (ranks, arm)."""
+    dense = {(r["ranks"], r["seed"]): r for r in rows if r["arm"] == "dense"}
+    out = []
+    for (np_, arm), group in itertools.groupby(
+            sorted(rows, key=lambda r: (r["ranks"], r["arm"] != "dense", r["arm"])),
+            key=lambda r: (r["ranks"], r["arm"])):
+        group = list(group)
+        base = [dense[(np_, r["seed"])] for r in group if (np_, r["seed"]) in dense]
+        target = (statistics.fmean(b["final_test_accuracy"] for b in base) - TARGET_GAP
+                  if base else None)
+        reached = [time_to(r["curve"], target) for r in group] if target else []
+        line = {"ranks": np_, "arm": arm, "seeds": len(group),
+                "step_ms": 1e3 * statistics.fmean(r["step_s"] for r in group),
+                "vs_dense": statistics.median(r["step_s"] / dense[(np_, r["seed"])]["step_s"]
+                                              for r in group if (np_, r["seed"]) in dense),
+                "acc": statistics.fmean(r["final_test_accuracy"] for r in group),
+                "acc_sd": statistics.pstdev(r["final_test_accuracy"] for r in group),
+                "target": target, "reached": sum(t is not None for t in reached),
+                "time_to_target_s": statistics.fmean(t for t in reached if t is not None)
+                if any(t is not None for t in reached) else None}
+        for key in ("buildup", "buildup_after_warmup", "bytes_sent", "bytes_received"):
+            if key in group[0]:
+                line[key] = statistics.fmean(r[key] for r in group)
+        out.append(line)
+    return out
+
+
+def table(lines: list[dict]) -> str:
+    head = ("| ranks | arm | step (ms) | / dense | \\|U\\|/k (after warm-up) | bytes sent "
+            "/ step / rank | final test acc (mean ± sd) | time to dense acc − 1 pt (s) |\n"
+            "|---|---|---|---|---|---|---|---|\n")
+    body = []
+    for x in lines:
+        tt = (f"{x['time_to_target_s']:.1f} ({x['reached']}/{x['seeds']})"
+              if x["time_to_target_s"] is not None else f"never (0/{x['seeds']})")
+        u = f"{x['buildup']:.2f} ({x['buildup_after_warmup']:.2f})" if "buildup" in x else "–"
+        b = f"{x['bytes_sent']:,.0f}" if "bytes_sent" in x else "–"
+        body.append(f"| {x['ranks']} | {x['arm']} | {x['step_ms']:.1f} | "
+                    f"{x['vs_dense']:.2f} | {u} | {b} | {x['acc']:.3f} ± {x['acc_sd']:.3f} | "
+                    f"{tt} |")
+    return head + "\n".join(body) + "\n"
+
+
+def plot(rows: list[dict], lines: list[dict], png: Path) -> None:
+    """Accuracy against training seconds (mean over seeds), one panel per rank count."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    ranks = sorted({r["ranks"] for r in rows})
+    arms = list(dict.fromkeys(r["arm"] for r in rows))
+    fig, axes = plt.subplots(1, len(ranks), figsize=(5 * len(ranks), 4), squeeze=False)
+    for ax, np_ in zip(axes[0], ranks):
+        for j, arm in enumerate(arms):
+            curves = [cumulative(r["curve"]) for r in rows if r["ranks"] == np_
+                      and r["arm"] == arm]
+            if not curves:
+                continue
+            n = min(len(c) for c in curves)
+            ts = [statistics.fmean(c[i][0] for c in curves) for i in range(n)]
+            acc = [statistics.fmean(c[i][1] for c in curves) for i in range(n)]
+            ax.plot(ts, acc, label=arm, color=f"C{j}", lw=2 if arm == "dense" else 1.2)
+        target = next((x["target"] for x in lines if x["ranks"] == np_ and x["target"]), None)
+        if target:
+            ax.axhline(target, color="gray", ls=":", lw=1)
+        ax.set(title=f"{np_} ranks", xlabel="training seconds (cumulative)",
+               ylabel="test accuracy", ylim=(max(0.0, (target or 0.9) - 0.25), 1.0))
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+
+
+def report(data: dict, prefix: str) -> None:
+    """``PREFIX.md`` (the table) and ``PREFIX.png`` (time-to-accuracy curves)."""
+    rows = data["rows"]
+    lines = summary(rows)
+    Path(prefix).parent.mkdir(parents=True, exist_ok=True)
+    Path(f"{prefix}.md").write_text(table(lines))
+    plot(rows, lines, Path(f"{prefix}.png"))
+    print(table(lines))
