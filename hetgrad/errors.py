@@ -8,7 +8,11 @@ class HetgradError(Exception):
     """A problem with the user's input or environment; the CLI prints it as one line, exit 2.
 
     ``field`` is the setting (or file argument) at fault, or None; ``message`` the text alone.
+    ``reported_elsewhere``: another rank raises the error that names the cause (this rank
+    only learned of it), so the CLI lets that rank speak first.
     """
+
+    reported_elsewhere = False
 
     def __init__(self, message: str, *, field: str | None = None):
         self.field = field
@@ -32,7 +36,14 @@ class InputFileError(HetgradError):
 
 
 class NonFiniteGradientError(HetgradError):
-    """NaN or Inf in this rank's local gradients (raised on the culprit rank only)."""
+    """NaN or Inf in the gradients of a step; ``culprits``: the ranks whose local gradients
+    held it (empty: their sum overflowed). Raised on every rank."""
+
+    def __init__(self, message: str, *, culprits: list[int], rank: int,
+                 field: str | None = None):
+        self.culprits = list(culprits)
+        self.reported_elsewhere = bool(culprits) and rank not in culprits
+        super().__init__(message, field=field)
 
 
 class PeerTimeoutError(HetgradError):

@@ -61,10 +61,22 @@ def _fit_epoch(job: "Run", epoch: int, callbacks: list) -> dict:
                                     callbacks=[clock, metrics, *callbacks])
     except tf.errors.InvalidArgumentError as exc:
         if NONFINITE in str(exc):
-            raise NonFiniteGradientError(
-                f"NaN or Inf in this rank's gradients in epoch {epoch + 1}; lower the learning "
-                "rate, check the data, or set on_nonfinite to 'ignore'",
-                field="on_nonfinite") from None
+            raise _nonfinite(job, epoch) from None
         raise
     logs = {k: float(v[-1]) for k, v in history.history.items()}
     return {"epoch": epoch + 1, **logs, "time_s": clock.seconds}
+
+
+def _nonfinite(job: "Run", epoch: int) -> NonFiniteGradientError:
+    """The error of a step that met NaN/Inf, naming the ranks whose gradients held it."""
+    check = job.aggregation.check
+    culprits = [job.rank] if job.reducer.check_local else check.read()
+    fix = "; lower the learning rate, check the data, or set on_nonfinite to 'ignore'"
+    if job.rank in culprits:
+        what = "NaN or Inf in this rank's gradients"
+    elif culprits:
+        what = f"NaN or Inf in the gradients of rank(s) {culprits}"
+    else:
+        what = "the sum of the ranks' gradients overflowed to Inf"
+    return NonFiniteGradientError(f"{what} in epoch {epoch + 1}{fix}", culprits=culprits,
+                                  rank=job.rank, field="on_nonfinite")

@@ -8,8 +8,9 @@ time per step, a new point of that rank's step-time model (:class:`OnlineModel`:
 curve, rescaled to what training measures, recent epochs weighing more), and re-plans with
 the same global batch (so the same steps per epoch and the same optimisation) only when the
 new plan's predicted epoch time is shorter by more than the threshold and than the noise seen
-between epochs (hysteresis: steady speeds give no churn, a real slowdown is acted on after
-one epoch). Every rank computes the same plan from the same gathered numbers.
+between epochs, and, for a gain under :data:`CONFIRM_BELOW`, in two epochs running
+(hysteresis: steady speeds give no churn, a real slowdown is acted on after one epoch).
+Every rank computes the same plan from the same gathered numbers.
 """
 from __future__ import annotations
 
@@ -36,9 +37,13 @@ class EpochBalance:
     scales: list[float] | None = None    # each rank's model correction after this epoch
     noise: float = 0.0             # typical epoch-to-epoch change of a rank's step time
     predicted_gain: float = 0.0    # old plan's predicted epoch time / the candidate's - 1
+    wanted: bool = False           # the gain cleared the bar (threshold and noise)
     replanned: bool = False
     new_batches: list[int] | None = None
     predicted_speedup: float = 1.0  # epoch time with the old plan / with the new one
+
+
+CONFIRM_BELOW = 0.15  # a smaller predicted gain must show in two consecutive epochs
 
 
 def imbalance(busy: Sequence[float]) -> float:
@@ -122,13 +127,19 @@ class Rebalancer:
         return misses[len(misses) // 2] if misses else 0.0
 
     def _decide(self, entry: EpochBalance, plan: Plan) -> Plan:
+        """Re-plan when the gain clears the bar, and, below :data:`CONFIRM_BELOW`, did so in
+        the epoch before too (one noisy epoch does not move work; a big change does at once)."""
         models = [m.model() for m in self.online]
         candidate = make_plan(models, plan.global_batch, plan.dataset_size,
                               min_batch=self.min_batch, max_batch=self.max_batch)
         old_t = max(m.time(b) for m, b in zip(models, plan.batches))
         entry.predicted_gain = old_t / candidate.predicted_step_s - 1.0
-        if (self.threshold is None or candidate.batches == plan.batches
-                or entry.predicted_gain <= max(self.threshold, 2 * entry.noise)):
+        if self.threshold is None or candidate.batches == plan.batches:
+            return plan
+        entry.wanted = entry.predicted_gain > max(self.threshold, 2 * entry.noise)
+        before = self.history[-2]
+        confirmed = before.wanted and not before.replanned
+        if not entry.wanted or (entry.predicted_gain < CONFIRM_BELOW and not confirmed):
             return plan
         entry.replanned, entry.new_batches = True, list(candidate.batches)
         entry.predicted_speedup = entry.predicted_gain + 1.0

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import traceback
 from contextlib import contextmanager
 
@@ -37,6 +38,7 @@ def configure_tf(threads: int = 1, device: str = "cpu") -> str:
 
 
 _WORLD: Comm | None = None
+GRACE_S = 20.0  # how long a rank lets the rank that found an error report and abort first
 
 
 def init() -> Comm:
@@ -54,7 +56,8 @@ def fail_fast(flags: dict[str, str] | None = None):
 
     A rank that fails alone would leave the others blocked in a collective, so with more than
     one rank we call ``MPI_Abort``; exit code 2 for user errors, 1 otherwise. ``flags`` maps
-    a setting to the flag shown for it (see :meth:`HetgradError.render`).
+    a setting to the flag shown for it (see :meth:`HetgradError.render`). An error another
+    rank reports (``reported_elsewhere``) waits :data:`GRACE_S` for that rank's abort first.
     """
     try:
         yield
@@ -63,6 +66,8 @@ def fail_fast(flags: dict[str, str] | None = None):
     except BaseException as exc:  # noqa: BLE001 - we report and abort on anything
         code = 2 if isinstance(exc, HetgradError) else 1
         rank, size = _rank_size()
+        if size > 1 and getattr(exc, "reported_elsewhere", False):
+            time.sleep(GRACE_S)
         where = f" on rank {rank}/{size}" if size > 1 else ""
         if code == 1:
             traceback.print_exc()

@@ -1,13 +1,19 @@
 #!/usr/bin/env python
-"""Step time of hetgrad's weighted allreduce vs Horovod's own DistributedOptimizer averaging.
+"""Step time of hetgrad's weighted exchange against Horovod's own ``DistributedOptimizer``
+(``op=Average``), for ``plan``, ``samples`` and float weights, with the finite check and
+busy/wait timers on (the default) and off.
 
-Run under MPI; both optimizers train the same >= 1M-parameter model in the same processes,
-alternating blocks of steps so machine noise hits both alike. Rank 0 writes JSON.
+Run under MPI with Keras 2 (Horovod's Keras optimizer does not aggregate under Keras 3):
 
-    TF_USE_LEGACY_KERAS=1 mpirun -np 2 --oversubscribe -x TF_USE_LEGACY_KERAS \
-        .venv/bin/python scripts/bench_overhead.py --out results/bench_overhead.json
+    TF_USE_LEGACY_KERAS=1 mpirun -np 2 --oversubscribe --bind-to none -x TF_USE_LEGACY_KERAS \\
+        .venv/bin/python scripts/bench_overhead.py --width 1024 --out results/overhead-1m-2.json
 
-(Horovod's Keras optimizer does not aggregate under Keras 3, so the comparison needs Keras 2.)
+Every arm trains its own copy of the same MLP (``--width``: 1024 -> 1.1M parameters, 3200 ->
+10.5M, 5000 -> 25.4M) on the same batch, ``--steps-per-execution`` steps per graph call (no
+Python between steps). A round times one block of every arm, in an order that turns each
+round; the first ``--warmup`` rounds are dropped. Per round, each arm's block time is divided
+by Horovod's in the same round; the JSON (rank 0) holds every ratio, their median and
+inter-quartile range.
 """
 from __future__ import annotations
 
@@ -18,66 +24,97 @@ import time
 
 import numpy as np
 
+WEIGHTS = {"plan": "plan", "samples": "samples", "float": None}
+
+
+def arms() -> list[str]:
+    return ["horovod"] + [f"{w}-{c}" for w in WEIGHTS for c in ("checked", "bare")]
+
+
+def build(kind: str, args, plan, hvd, hk, tf):
+    """A compiled model whose optimizer is ``kind``'s."""
+    from hetgrad import models
+    tf.keras.utils.set_random_seed(1)
+    model = models.mlp((8, 8, 1), 10, args.width)
+    base = tf.keras.optimizers.SGD(0.001)
+    if kind == "horovod":
+        from hetgrad import compat
+        opt = compat.horovod_keras().DistributedOptimizer(base, op=hvd.Average)
+    else:
+        weight, mode = kind.split("-")
+        opt = hk.DistributedOptimizer(base, weight=WEIGHTS[weight] or 1.0 / hvd.size(),
+                                      plan=plan, check_finite=mode == "checked")
+        if mode == "bare":
+            hk.aggregation_of(opt).timer = None
+    model.compile(optimizer=opt, loss=tf.keras.losses.SparseCategoricalCrossentropy(True),
+                  steps_per_execution=args.steps_per_execution)
+    if kind.startswith("samples"):
+        hk.count_samples(model)
+    return model
+
+
+def timed_block(model, data, steps: int) -> float:
+    t0 = time.perf_counter()
+    model.fit(data, steps_per_epoch=steps, epochs=1, verbose=0)
+    return (time.perf_counter() - t0) / steps
+
+
+def iqr(values: list[float]) -> tuple[float, float]:
+    q = statistics.quantiles(values, n=4)
+    return q[0], q[2]
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--width", type=int, default=1024)
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--blocks", type=int, default=10)
+    ap.add_argument("--batch", type=int, default=64, help="per rank")
+    ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=20, help="steps per block")
-    ap.add_argument("--out", default="results/bench_overhead.json")
+    ap.add_argument("--steps-per-execution", type=int, default=10)
+    ap.add_argument("--out", required=True)
     args = ap.parse_args()
 
     from hetgrad.runtime import configure_tf, init
-    comm = init()
+    init()
     configure_tf(1, "cpu")
     import horovod.tensorflow as hvd
-    from hetgrad import compat
-    hvd_keras = compat.horovod_keras()  # Horovod's own optimizer: Keras 2 only (see compat.md)
     import tensorflow as tf
     import hetgrad.keras as hk
-    from hetgrad import models
+    from hetgrad.partition import make_plan
 
     rng = np.random.default_rng(hvd.rank())
     x = rng.random((args.batch, 8, 8, 1), dtype=np.float32)
     y = rng.integers(0, 10, args.batch)
-    size = hvd.size()
-    from hetgrad.partition import make_plan
-    plan = make_plan([1.0] * size, args.batch * size, 100 * args.batch * size)
-
-    def compiled(kind: str):
-        model = models.build("wide-mlp", (8, 8, 1), 10)
-        base = tf.keras.optimizers.SGD(0.01)
-        if kind == "horovod":
-            opt = hvd_keras.DistributedOptimizer(base, op=hvd.Average)
-        else:
-            opt = hk.DistributedOptimizer(base, weight=kind.split("-")[1], plan=plan)
-        model.compile(optimizer=opt, loss=tf.keras.losses.SparseCategoricalCrossentropy(True))
-        if kind == "hetgrad-samples":
-            hk.count_samples(model)
-        model.train_on_batch(x, y)  # build + trace
-        return model
-
-    kinds = ["horovod", "hetgrad-plan", "hetgrad-samples"]
-    built = {k: compiled(k) for k in kinds}
-    params = built["horovod"].count_params()
-    times: dict[str, list[float]] = {k: [] for k in kinds}
-    for block in range(args.blocks):
-        order = kinds if block % 2 == 0 else kinds[::-1]
+    data = tf.data.Dataset.from_tensors((x, y)).repeat()
+    plan = make_plan([1.0] * hvd.size(), args.batch * hvd.size(),
+                     1000 * args.batch * hvd.size())
+    kinds = arms()
+    models = {k: build(k, args, plan, hvd, hk, tf) for k in kinds}
+    for k in kinds:  # build, trace, first steps
+        timed_block(models[k], data, args.steps_per_execution)
+    per_step = {k: [] for k in kinds}
+    for r in range(args.warmup + args.rounds):
+        order = kinds[r % len(kinds):] + kinds[:r % len(kinds)]
         for k in order:
-            for _ in range(args.steps):
-                t0 = time.perf_counter()
-                built[k].train_on_batch(x, y)
-                times[k].append(time.perf_counter() - t0)
+            per_step[k].append(timed_block(models[k], data, args.steps))
     if hvd.rank() == 0:
-        med = {k: statistics.median(v) for k, v in times.items()}
-        out = {"ranks": size, "params": params, "batch_per_rank": args.batch,
-               "median_step_s": med,
-               "ratio_vs_horovod": {k: med[k] / med["horovod"] for k in kinds},
-               "steps_each": args.blocks * args.steps}
-        with open(args.out, "w") as f:
-            json.dump(out, f, indent=2)
-        print(json.dumps(out, indent=2))
+        write(args, models["horovod"].count_params(), hvd.size(), kinds,
+              {k: v[args.warmup:] for k, v in per_step.items()})
+
+
+def write(args, params: int, size: int, kinds: list[str], per_step: dict) -> None:
+    ratios = {k: [a / h for a, h in zip(per_step[k], per_step["horovod"])] for k in kinds}
+    out = {"ranks": size, "params": params, "batch_per_rank": args.batch,
+           "rounds": args.rounds, "steps_per_block": args.steps,
+           "median_step_s": {k: statistics.median(v) for k, v in per_step.items()},
+           "ratio_median": {k: statistics.median(v) for k, v in ratios.items()},
+           "ratio_iqr": {k: iqr(v) for k, v in ratios.items()},
+           "ratios": ratios, "step_s": per_step}
+    with open(args.out, "w") as f:
+        json.dump(out, f, indent=1)
+    print(json.dumps({k: out[k] for k in ("ranks", "params", "ratio_median", "ratio_iqr")},
+                     indent=1))
 
 
 if __name__ == "__main__":

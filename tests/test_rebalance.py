@@ -106,3 +106,26 @@ def test_static_plan_measures_but_keeps_its_batches(slowdown_runs):
     for e, row in list(zip(rec["balance"], rec["epochs"]))[1:]:
         for busy, wait in zip(e["busy_s"], e["wait_s"]):
             assert 0.7 * row["time_s"] < busy + wait < 1.1 * row["time_s"], (e, row)
+
+
+class Sequence3:
+    """Gathered timings that change from epoch to epoch."""
+
+    def __init__(self, epochs):
+        self.epochs = iter(epochs)
+
+    def allgather(self, _mine):
+        return next(self.epochs)
+
+
+def test_a_small_gain_must_show_twice_a_big_one_acts_at_once():
+    even = [(1.0, 0.1)] * 3
+    small = [(1.0, 0.1), (1.1, 0.0), (1.0, 0.1)]   # rank 1 10 % slower
+    r = Rebalancer(Sequence3([even, even, small, even, small, small]), threshold=0.03)
+    plans = [r.after_epoch(e, PLAN, 0, 0) for e in range(6)]
+    assert [e.wanted for e in r.history] == [False, False, True, False, True, True]
+    assert [e.replanned for e in r.history] == [False] * 5 + [True]  # only when seen twice
+    assert plans[-1].batches[1] < 32
+    big = [(1.0, 0.5), (2.0, 0.0), (1.0, 0.5)]
+    r = Rebalancer(Sequence3([even, even, big]), threshold=0.03)
+    assert [r.after_epoch(e, PLAN, 0, 0) is PLAN for e in range(3)] == [True, True, False]

@@ -14,20 +14,9 @@ import tensorflow as tf
 
 from .. import compat
 from ..aggregate import (Aggregation, DenseReducer, FixedWeight, PlanWeight, Reducer,
-                         SampleWeight)
+                         SampleWeight, scaled)
 from ..sparse.reducer import SparseReducer
 from ..sparse.settings import Sparsify
-
-
-def _scaled(grads, w) -> list:
-    def scale(g):
-        if g is None:
-            return None
-        if isinstance(g, tf.IndexedSlices):
-            return tf.IndexedSlices(g.values * tf.cast(w, g.values.dtype), g.indices,
-                                    g.dense_shape)
-        return g * tf.cast(w, g.dtype)
-    return [scale(g) for g in grads]
 
 
 class _Hooked:
@@ -44,7 +33,7 @@ class _Hooked:
 
     def _hetgrad_weighted(self, grads) -> list:
         seeded, self._hetgrad_seeded = self._hetgrad_seeded, False
-        return list(grads) if seeded else _scaled(grads, self.hetgrad.local_weight())
+        return list(grads) if seeded else scaled(grads, self.hetgrad.local_weight())
 
     def _hetgrad_apply(self, grads, variables, apply_fn):
         """``apply_fn(exchanged_grads)`` now, or every N-th step on the accumulated sum."""
@@ -140,11 +129,11 @@ class _Keras3(_Hooked):
 MIXINS = {"keras3": _Keras3, "keras2": _Keras2, "legacy": _Keras2Legacy}
 
 
-def _weight_of(weight, plan, rank: int | None, iterations, name: str):
+def _weight_of(weight, plan, rank: int | None, iterations, name: str, fuse_count: bool):
     if weight is None:
         weight = "samples" if plan is None else "plan"
     if weight == "samples":
-        return SampleWeight(name)
+        return SampleWeight(name, fused=fuse_count)
     if weight == "plan":
         if plan is None:
             raise ValueError("weight='plan' needs plan=")
@@ -207,8 +196,9 @@ def DistributedOptimizer(optimizer, weight=None, *, plan=None, rank: int | None 
                                name=name)
     opt._hetgrad_passes = int(backward_passes_per_step)
     opt._hetgrad_average_passes = bool(average_aggregated_gradients)
-    opt.hetgrad = Aggregation(_weight_of(weight, plan, rank, opt.iterations, name), reducer,
-                              check_finite=check_finite)
+    fuse_count = reducer.carries_count and opt._hetgrad_passes == 1
+    opt.hetgrad = Aggregation(_weight_of(weight, plan, rank, opt.iterations, name, fuse_count),
+                              reducer, check_finite=check_finite)
     return opt
 
 

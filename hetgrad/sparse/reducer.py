@@ -26,6 +26,8 @@ class SparseReducer(Reducer):
     density warm-up happens where something calls :meth:`set_density` each epoch
     (``hetgrad train``, ``hk.fit``, or ``hetgrad.keras.callbacks.DensityWarmup``)."""
 
+    check_local = True   # a NaN left unsent in the memory would never reach the sum
+
     def __init__(self, settings: Sparsify | None = None, *, name: str = "hetgrad", **fields):
         if settings is not None and fields:
             raise ValueError("give SparseReducer a Sparsify or its fields, not both")
