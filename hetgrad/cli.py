@@ -35,6 +35,15 @@ def flag_of(name: str, overrides: dict | None = None) -> str:
             or "--" + name.replace("_", "-"))
 
 
+def _kind_of(f) -> type:
+    """The click type of a setting: its default's type, or for ``X | None`` settings X."""
+    if f.metadata["parse"]:
+        return str
+    if f.default is not None:
+        return type(f.default)
+    return {"int": int, "float": float}.get(str(f.type).split("|")[0].strip(), str)
+
+
 def _option(name: str, overrides: dict):
     f, extra = SETTINGS[name], dict(overrides.get(name, {}))
     extra.pop("flag", None)
@@ -46,7 +55,7 @@ def _option(name: str, overrides: dict):
     decls = [flag_of(name, overrides), *([meta["short"]] if meta["short"] else []), name]
     if isinstance(f.default, bool):
         return click.option(*decls, is_flag=True, default=default, help=help_text)
-    kind = str if f.default is None or meta["parse"] else type(f.default)
+    kind = _kind_of(f)
     return click.option(*decls, type=kind, default=default, show_default=default is not None,
                         help=help_text, **extra)
 
@@ -83,15 +92,15 @@ def main(verbose: bool) -> None:
 def probe(**values):
     """Measure every rank's step time at several batch sizes and fit its model (under mpirun)."""
     def body():
-        from . import data as data_mod, probe as probe_mod
-        from .runtime import configure_tf, init
+        from . import probe as probe_mod
+        from .runtime import agree, configure_tf, init
         from .trainer import emulation_of, measure_ranks
+        from .validate import check_probe
         cfg = TrainConfig(**parse_settings(values))
-        cfg.check()
         comm = init()
-        device = configure_tf(cfg.threads, cfg.device)
-        results = measure_ranks(cfg, comm, data_mod.load(cfg.data), device,
-                                emulation=emulation_of(cfg, comm))
+        device = agree(comm, lambda: configure_tf(cfg.threads, cfg.device))
+        data = agree(comm, lambda: check_probe(cfg, comm.rank))
+        results = measure_ranks(cfg, comm, data, device, emulation=emulation_of(cfg, comm))
         if comm.rank == 0:
             probe_mod.save(results, cfg.out)
             for r in results:
@@ -111,6 +120,9 @@ def plan(dataset_size, **values):
         v = parse_settings(values)
         for name, value in v.items():
             check_value(name, value)
+        if v["out"]:
+            from .validate import check_writable
+            check_writable(v["out"], "out")
         if (v["speeds"] is None) == (v["probe_file"] is None):
             raise ConfigError("give exactly one of --speeds and --probe", field="speeds")
         if v["probe_file"]:
@@ -181,7 +193,7 @@ def report(runs, out_dir):
         click.echo(md)
         for p in pngs:
             click.echo(f"plot: {p}")
-    _run(body, {"runs": "RUN.json"})
+    _run(body, {"runs": "RUN.json", "out_dir": "--out-dir"})
 
 
 if __name__ == "__main__":

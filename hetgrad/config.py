@@ -122,6 +122,8 @@ class TrainConfig:
                                 "naming the rank, or go on", choices=NONFINITE_POLICIES)
     checkpoint_dir: str | None = setting(None, "rank 0 saves checkpoints here")
     checkpoint_every: int = setting(1, "epochs between checkpoints", check=at_least(1))
+    overwrite: bool = setting(False, "let --checkpoint-dir replace an earlier run's "
+                              "checkpoints (without it such a directory is refused)")
     resume: str | None = setting(None, "continue from this checkpoint dir")
     threads: int = setting(1, "TF threads per rank", check=at_least(1))
     device: str = setting("cpu", "where each rank computes", choices=DEVICES)
@@ -144,9 +146,6 @@ class TrainConfig:
         from . import models   # imports the user's model module: its errors come now
         models.resolve(self.model)
         models.loss(self.loss)
-        out_dir = Path(self.out).resolve().parent
-        if not out_dir.is_dir():
-            raise ConfigError(f"directory {out_dir} does not exist", field="out")
 
     def _check_sparse(self) -> None:
         given = {"momentum_correction": self.momentum_correction,

@@ -63,18 +63,47 @@ def load_npz(path: str | Path, *, field: str = "data") -> Dataset:
         raise
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
         raise InputFileError(f"cannot read {path} as .npz: {exc}", field=field) from None
-    for split in ("train", "test"):
-        if len(arrays[f"x_{split}"]) != len(arrays[f"y_{split}"]):
-            raise InputFileError(f"{path}: x_{split} and y_{split} have different lengths",
-                                 field=field)
-    if len(arrays["y_train"]) == 0:
-        raise InputFileError(f"{path}: x_train is empty", field=field)
-    for key in ("x_train", "x_test"):
-        x = arrays[key]
-        if np.issubdtype(x.dtype, np.floating) and not np.isfinite(x).all():
-            raise InputFileError(f"{path}: {key} holds {int(np.size(x) - np.isfinite(x).sum())} "
-                                 "NaN/Inf values", field=field)
+    check_arrays(path, arrays, field)
     return _prepare(path.stem, arrays)
+
+
+def check_arrays(path: Path, arrays: dict, field: str = "data") -> None:
+    """What training needs of a dataset's arrays; the first problem raises
+    :class:`InputFileError` naming the file and the array."""
+    def bad(text: str):
+        raise InputFileError(f"{path}: {text}", field=field)
+
+    for key, x in arrays.items():
+        if not (np.issubdtype(x.dtype, np.number) or x.dtype == bool):
+            bad(f"{key} has dtype {x.dtype}; numeric arrays needed")
+    for split in ("train", "test"):
+        x, y = arrays[f"x_{split}"], arrays[f"y_{split}"]
+        if x.ndim < 2:
+            bad(f"x_{split} has shape {x.shape}; need (samples, features...)")
+        if len(x) != len(y):
+            bad(f"x_{split} has {len(x)} samples, y_{split} {len(y)}")
+        if len(y) == 0:
+            bad(f"x_{split} is empty")
+        if np.size(y) != len(y):
+            bad(f"y_{split} has shape {y.shape}; need one integer label per sample")
+        if np.issubdtype(x.dtype, np.floating) and not np.isfinite(x).all():
+            bad(f"x_{split} holds {int(np.size(x) - np.isfinite(x).sum())} NaN/Inf values")
+        _check_labels(y.ravel(), f"y_{split}", bad)
+    if arrays["x_train"].shape[1:] != arrays["x_test"].shape[1:]:
+        bad(f"x_test samples have shape {arrays['x_test'].shape[1:]}, x_train's "
+            f"{arrays['x_train'].shape[1:]}")
+    classes = int(arrays["y_train"].max()) + 1
+    if int(arrays["y_test"].max()) >= classes:
+        bad(f"y_test has label {int(arrays['y_test'].max())}, but y_train only labels "
+            f"0..{classes - 1}")
+
+
+def _check_labels(y: np.ndarray, key: str, bad) -> None:
+    if np.issubdtype(y.dtype, np.floating):
+        if not np.isfinite(y).all() or (y != np.round(y)).any():
+            bad(f"{key} holds non-integer labels; class labels must be integers 0..C-1")
+    if (y < 0).any():
+        bad(f"{key} holds negative label {int(y.min())}; labels must be 0..C-1")
 
 
 def digits() -> Dataset:

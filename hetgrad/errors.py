@@ -52,3 +52,15 @@ class PeerTimeoutError(HetgradError):
     def __init__(self, message: str, *, ranks: list[int], field: str | None = None):
         self.ranks = list(ranks)
         super().__init__(message, field=field)
+
+
+class AgreedError(HetgradError):
+    """An error every rank knows (validation, agreed by :func:`hetgrad.runtime.agree`):
+    rank 0 prints it once and every rank exits, no abort needed. ``ranks``: where it was
+    found (all of them, or some when e.g. a file is missing on some nodes)."""
+
+    def __init__(self, message: str, *, field: str | None, ranks: list[int], size: int):
+        self.ranks = list(ranks)
+        if len(ranks) < size:
+            message += f" (found on rank(s) {ranks} of {size})"
+        super().__init__(message, field=field)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Sequence
 
 from .errors import ConfigError, HetgradError, InputFileError
-from .io import read_json, write_json
+from .io import read_json, typed, write_json
 from .perfmodel import StepModel, constant, equal_time_batches, throughput
 
 
@@ -55,8 +55,8 @@ class Plan:
         """Read a plan saved by :meth:`save`; check it fits ``world_size`` ranks."""
         data = read_json(path, field=field, what="plan file")
         try:
-            plan = cls(**data)
-        except TypeError as exc:
+            plan = cls(**typed(cls, data, "plan file"))
+        except (TypeError, ValueError) as exc:
             raise InputFileError(f"cannot read plan file {path}: {exc}", field=field) from None
         if world_size is not None and plan.world_size != world_size:
             raise InputFileError(

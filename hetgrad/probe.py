@@ -15,7 +15,7 @@ import numpy as np
 from .comm import Comm
 from .compat import keras
 from .errors import InputFileError
-from .io import read_json, write_json
+from .io import read_json, typed, write_json
 from .perfmodel import StepModel, fit, relative_noise
 
 
@@ -57,14 +57,15 @@ def synthetic_batches(input_shape, num_classes: int, seed: int = 0) -> Batch:
 
 def measure(model: keras.Model, batch_of: Batch, *, batches: Sequence[int], warmup: int = 3,
             steps: int = 10, before_step: Callable[[int], None] | None = None,
-            sync: Callable[[], object] | None = None) -> tuple[list, list]:
+            sync: Callable[[], object] | None = None,
+            on_point: Callable[[int, float], None] | None = None) -> tuple[list, list]:
     """Median seconds per ``model.train_on_batch`` step at each batch size, on the batches
     ``batch_of(b)`` gives: ``([[batch, seconds], ...], [step times per batch])``.
 
     The model must be compiled; its weights change. ``before_step(n)`` runs inside each timed
     step (speed emulation). ``sync()`` runs before each size, so that all ranks time the same
     size together, under the contention training has (not a slow rank's small batches against
-    the fast ranks' large ones).
+    the fast ranks' large ones). ``on_point(batch, seconds)`` reports each size when done.
     """
     before_step = before_step or (lambda n: None)
     points, all_times = [], []
@@ -83,20 +84,29 @@ def measure(model: keras.Model, batch_of: Batch, *, batches: Sequence[int], warm
             times.append(time.perf_counter() - t0)
         points.append([int(batch), statistics.median(times)])
         all_times.append(times)
+        if on_point:
+            on_point(*points[-1])
     return points, all_times
 
 
 def run_probe(comm: Comm, build_model: Callable[[], keras.Model], input_shape, num_classes: int,
               *, device: str, batches: Sequence[int], warmup: int = 3, steps: int = 10,
               before_step: Callable[[int], None] | None = None,
-              timeout: float = 300.0, loss) -> list[ProbeResult]:
+              timeout: float = 300.0, loss, verbose: bool = False) -> list[ProbeResult]:
     """Probe a fresh copy of ``hetgrad train``'s model, compiled with its ``loss``, on
-    synthetic batches."""
+    synthetic batches (``verbose``: rank 0 says what it times, size by size)."""
     model = build_model()
     model.compile(optimizer=keras.optimizers.SGD(0.0), loss=loss)
+    say = verbose and comm.rank == 0
+    if say:
+        print(f"hetgrad: probe: timing batch sizes {list(batches)} (rank 0's) on {comm.size} "
+              f"ranks, {warmup} warm-up + {steps} steps each", flush=True)
+    report = (lambda b, t: print(f"hetgrad: probe: batch {b}: {1e3 * t:.1f} ms/step on rank 0",
+                                 flush=True)) if say else None
     points, times = measure(model, synthetic_batches(input_shape, num_classes),
                             batches=batches, warmup=warmup, steps=steps, before_step=before_step,
-                            sync=lambda: comm.gather_with_timeout(None, timeout))
+                            sync=lambda: comm.gather_with_timeout(None, timeout),
+                            on_point=report)
     return share(comm, points, times, device, timeout)
 
 
@@ -116,8 +126,10 @@ def save(results: list[ProbeResult], path: str | Path) -> None:
 def load(path: str | Path, world_size: int | None = None) -> list[ProbeResult]:
     data = read_json(path, field="probe_file", what="probe file")
     try:
-        results = [ProbeResult(**d) for d in data]
-    except TypeError as exc:
+        if not isinstance(data, list):
+            raise TypeError(f"expected a list of per-rank results, got {type(data).__name__}")
+        results = [ProbeResult(**typed(ProbeResult, d, "probe entry")) for d in data]
+    except (TypeError, ValueError) as exc:
         raise InputFileError(f"cannot read probe file {path}: {exc}", field="probe_file") from None
     if world_size is not None and len(results) != world_size:
         raise InputFileError(f"probe file {path} has {len(results)} ranks, job has {world_size}",

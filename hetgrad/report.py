@@ -7,18 +7,34 @@ from pathlib import Path
 import numpy as np
 
 from .errors import InputFileError
-from .io import read_json, write_json, write_text
+from .io import read_json, write_bytes, write_json, write_text
+
+
+RECORD_KEYS = ("config", "epochs", "plan", "probe", "median_epoch_time_s", "samples_per_s",
+               "throughput_efficiency", "final_test_accuracy", "best_test_accuracy")
 
 
 def load_runs(paths) -> list[dict]:
+    """The records, each checked to hold what the report reads (errors name the file)."""
     runs = []
     for p in paths:
         rec = read_json(p, field="runs", what="run record")
-        if "epochs" not in rec or "config" not in rec:
-            raise InputFileError(f"{p} is not a `hetgrad train` record", field="runs")
+        missing = [k for k in RECORD_KEYS if not isinstance(rec, dict) or k not in rec]
+        if missing:
+            raise InputFileError(f"{p} is not a `hetgrad train` record (lacks {missing})",
+                                 field="runs")
         rec["_path"] = str(p)
         runs.append(rec)
     return runs
+
+
+def _same_epochs(runs: list[dict]) -> None:
+    """Records averaged together must have trained the same number of epochs."""
+    counts = {r["_path"]: len(r["epochs"]) for r in runs}
+    if len(set(counts.values())) > 1:
+        raise InputFileError(f"records of {' '.join(group_key(runs[0]))} trained different "
+                             f"numbers of epochs: {counts}; report them separately",
+                             field="runs")
 
 
 def group_key(rec: dict) -> tuple[str, str, str]:
@@ -40,6 +56,7 @@ def summarize(runs: list[dict]) -> list[dict]:
         groups[group_key(r)].append(r)
     rows = []
     for (task, profile, mode), rs in sorted(groups.items()):
+        _same_epochs(rs)
         rows.append({
             "task": task, "profile": profile, "mode": mode, "seeds": len(rs),
             "epoch_time_s": [r["median_epoch_time_s"] for r in rs],
@@ -80,9 +97,11 @@ def idle_shares(rec: dict) -> list[float]:
             for n, p in zip(rec["plan"]["shard_sizes"], rec["probe"])]
 
 
-def plots(runs: list[dict], out_dir: Path) -> list[Path]:
+def plots(runs: list[dict]) -> dict[str, bytes]:
     """Per (task, profile): test accuracy vs epoch and vs wall time, one line per mode (mean
-    over seeds); and per-rank idle share of the epoch (1 - own busy time / epoch time)."""
+    over seeds); and per-rank idle share of the epoch (1 - own busy time / epoch time).
+    Returns PNG bytes by file name (nothing is written here)."""
+    import io
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -91,7 +110,7 @@ def plots(runs: list[dict], out_dir: Path) -> list[Path]:
     for r in runs:
         task, profile, mode = group_key(r)
         groups[(task, profile)][mode].append(r)
-    written = []
+    pngs = {}
     for (task, profile), modes in sorted(groups.items()):
         fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(15, 3.8))
         for mode, rs in sorted(modes.items()):
@@ -113,21 +132,28 @@ def plots(runs: list[dict], out_dir: Path) -> list[Path]:
             a.grid(alpha=0.3)
             a.legend()
         fig.tight_layout()
-        name = out_dir / f"acc_{task.replace('/', '_')}_{profile.replace(',', '-')}.png"
-        fig.savefig(name, dpi=110)
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=110)
         plt.close(fig)
-        written.append(name)
-    return written
+        pngs[f"acc_{task.replace('/', '_')}_{profile.replace(',', '-')}.png"] = buf.getvalue()
+    return pngs
 
 
 def report(paths, out_dir: str | Path) -> tuple[str, list[Path]]:
+    """Table, summary and plots of the records in ``paths``, all computed before any file is
+    written (a bad record leaves ``out_dir`` as it was)."""
     runs = load_runs(paths)
     if not runs:
         raise InputFileError("no run records given", field="runs")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     rows = summarize(runs)
     md = markdown(rows)
+    pngs = plots(runs)
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise InputFileError(f"{out} is a file, not a directory", field="out_dir")
+    out.mkdir(parents=True, exist_ok=True)
     write_text(md, out / "table.md")
     write_json(rows, out / "summary.json")
-    return md, plots(runs, out)
+    for name, png in pngs.items():
+        write_bytes(png, out / name)
+    return md, [out / name for name in pngs]

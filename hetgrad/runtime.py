@@ -6,10 +6,13 @@ import sys
 import time
 import traceback
 from contextlib import contextmanager
+from typing import Callable, TypeVar
 
 from .comm import Comm, connect, gloo_launch
 from .config import check_value
-from .errors import ConfigError, HetgradError
+from .errors import AgreedError, ConfigError, HetgradError
+
+T = TypeVar("T")
 
 
 def configure_tf(threads: int = 1, device: str = "cpu") -> str:
@@ -22,6 +25,7 @@ def configure_tf(threads: int = 1, device: str = "cpu") -> str:
     if not os.environ.get("HETGRAD_VERBOSE"):  # e.g. "callback is slow" notes, on every rank
         tf.get_logger().setLevel("ERROR")
     check_value("device", device)
+    check_value("threads", threads)
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(threads)
     gpus = tf.config.list_physical_devices("GPU")
@@ -66,6 +70,10 @@ def fail_fast(flags: dict[str, str] | None = None):
     except BaseException as exc:  # noqa: BLE001 - we report and abort on anything
         code = 2 if isinstance(exc, HetgradError) else 1
         rank, size = _rank_size()
+        if isinstance(exc, AgreedError):  # every rank raised it: no rank is left waiting
+            if rank == 0:
+                print(f"hetgrad: error: {exc.render(flags)}", file=sys.stderr, flush=True)
+            sys.exit(code)
         if size > 1 and getattr(exc, "reported_elsewhere", False):
             time.sleep(GRACE_S)
         where = f" on rank {rank}/{size}" if size > 1 else ""
@@ -76,6 +84,24 @@ def fail_fast(flags: dict[str, str] | None = None):
         if size > 1:
             _abort(code)
         sys.exit(code)
+
+
+def agree(comm: Comm, check: Callable[[], T]) -> T:
+    """``check()`` on every rank; if it raised a :class:`HetgradError` on any rank, every rank
+    raises the same :class:`AgreedError` (the lowest failing rank's), so no rank goes on
+    into a collective alone. Other exceptions (bugs) propagate to :func:`fail_fast`."""
+    try:
+        result, problem = check(), None
+    except AgreedError:
+        raise
+    except HetgradError as exc:
+        result, problem = None, (exc.message, exc.field)
+    problems = comm.allgather(problem) if comm.size > 1 else [problem]
+    failed = [r for r, p in enumerate(problems) if p is not None]
+    if failed:
+        message, field = problems[failed[0]]
+        raise AgreedError(message, field=field, ranks=failed, size=comm.size)
+    return result
 
 
 def _abort(code: int) -> None:

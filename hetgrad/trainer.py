@@ -5,19 +5,23 @@ optimizer, checkpoint restore), :func:`hetgrad.loop.run_epochs` (``model.fit`` p
 only in the optimizer's reducer."""
 from __future__ import annotations
 
+import os
+import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import tensorflow as tf
 
 from . import data as data_mod, models, probe
 from .actions import Action, Balance, Checkpointing, Emulation, Evaluation, Sparse
-from .checkpoint import Checkpointer, read_state
+from .checkpoint import Checkpointer
 from .compat import keras
 from .config import TrainConfig
 from .emulate import parse_schedule
-from .errors import ConfigError
+from .errors import ConfigError, InputFileError
 from .io import write_json
 from .keras import DistributedOptimizer, count_samples
 from .loop import run_epochs
@@ -26,8 +30,9 @@ from .perfmodel import probe_batches
 from .rebalance import Rebalancer
 from .record import build_record, sparse_bytes
 from .run import Run
-from .runtime import configure_tf, init
+from .runtime import agree, configure_tf, init
 from .sparse.reducer import SparseReducer
+from .validate import check_train, job_identity
 
 
 @dataclass
@@ -61,14 +66,10 @@ class Job(Run):
 def build_job(cfg: TrainConfig) -> Job:
     """Check ``cfg``, start MPI/Horovod, load data, probe (or reuse a probe), plan, build and
     compile the model, restore a checkpoint when resuming."""
-    cfg.check()
-    comm = init()
-    device = configure_tf(cfg.threads, cfg.device)
-    data = data_mod.load(cfg.data).shuffled(cfg.seed)
-    state = read_state(cfg.resume) if cfg.resume else None
-    if state and state["epoch"] >= cfg.epochs:
-        raise ConfigError(f"the checkpoint is at epoch {state['epoch']}; ask for more epochs",
-                          field="epochs")
+    comm = init()   # TF threads are set before any collective (Gloo's are TF ops)
+    device = agree(comm, lambda: configure_tf(cfg.threads, cfg.device))
+    data, state = agree(comm, lambda: check_train(cfg, comm.rank, comm.size))
+    data = data.shuffled(cfg.seed)
     emulation = emulation_of(cfg, comm)
     t0 = time.perf_counter()
     probed = measure_ranks(cfg, comm, data, device, state, emulation)
@@ -82,7 +83,8 @@ def build_job(cfg: TrainConfig) -> Job:
         job.model, job.optimizer = _compile(job)
     job.checkpointer = Checkpointer(cfg.checkpoint_dir or cfg.resume, job.model, job.optimizer,
                                     job.rank, every=cfg.checkpoint_every,
-                                    state={"probe": [asdict(p) for p in probed]})
+                                    state={"probe": [asdict(p) for p in probed],
+                                           "job": job_identity(cfg)})
     if state:
         job.checkpointer.restore(state)
     return job
@@ -110,7 +112,7 @@ def measure_ranks(cfg: TrainConfig, comm, data, device: str, state: dict | None 
             batches=probe_sizes(cfg, comm.rank, comm.size), steps=cfg.probe_steps,
             timeout=cfg.probe_timeout,
             before_step=emulation.emulator.pause if emulation else None,
-            loss=models.loss(cfg.loss))
+            loss=models.loss(cfg.loss), verbose=not cfg.quiet)
 
 
 def probe_sizes(cfg: TrainConfig, rank: int, size: int) -> list[int]:
@@ -120,8 +122,9 @@ def probe_sizes(cfg: TrainConfig, rank: int, size: int) -> list[int]:
     return probe_batches(top, cfg.global_batch, size, cfg.probe_sizes)
 
 
-def choose_plan(cfg: TrainConfig, size: int, n_train: int, probed: list) -> Plan:
-    """The plan file if given, else equal batches (mode equal), else speeds -> partitioner."""
+def choose_plan(cfg: TrainConfig, size: int, n_train: int, probed: list | None) -> Plan:
+    """The plan file if given, else equal batches (mode equal), else speeds -> partitioner
+    (``probed`` None: equal speeds, what validation plans to find infeasible settings)."""
     if cfg.plan:
         plan = Plan.load(cfg.plan, world_size=size)
         if plan.dataset_size != n_train:
@@ -135,7 +138,8 @@ def choose_plan(cfg: TrainConfig, size: int, n_train: int, probed: list) -> Plan
         return equal_plan(size, cfg.global_batch, n_train)
     if cfg.speeds is not None and len(cfg.speeds) != size:
         raise ConfigError(f"{len(cfg.speeds)} speeds for {size} ranks", field="speeds")
-    speeds = cfg.speeds if cfg.speeds is not None else [r.model() for r in probed]
+    speeds = cfg.speeds if cfg.speeds is not None else \
+        [r.model() for r in probed] if probed else [1.0] * size
     return make_plan(speeds, cfg.global_batch, n_train, min_batch=cfg.min_batch,
                      max_batch=cfg.max_batch)
 
@@ -215,13 +219,34 @@ def finish(job: Job, wall_time_s: float, balance: list[dict]) -> dict:
         wall_time_s=wall_time_s, per_rank_epoch_times_s=times, balance=balance,
         sparse_steps=job.sparse_steps if sparse else None,
         sparse_bytes_per_rank=nbytes if sparse else None)
-    write_json(record, job.cfg.out)
+    where = save_record(record, job.cfg)
     if not job.cfg.quiet:
         print(f"hetgrad: final test accuracy {record['final_test_accuracy']:.4f}, "
               f"{record['samples_per_s']:.0f} samples/s "
               f"({100 * record['throughput_efficiency']:.0f}% of the probed ideal), "
-              f"record -> {job.cfg.out}", flush=True)
+              f"record -> {where}", flush=True)
     return record
+
+
+def save_record(record: dict, cfg: TrainConfig) -> str:
+    """Write the record to ``--out``; if that fails now (checked writable at the start), to
+    the checkpoint directory, the working directory or the temp directory, saying where."""
+    name = Path(cfg.out).name
+    places = [cfg.out] + [str(Path(d) / name) for d in
+                          (cfg.checkpoint_dir or cfg.resume, os.getcwd(), tempfile.gettempdir())
+                          if d]
+    for i, path in enumerate(places):
+        try:
+            write_json(record, path)
+        except OSError as exc:
+            print(f"hetgrad: warning: cannot write the record to {path}: {exc.strerror}",
+                  file=sys.stderr, flush=True)
+            continue
+        if i:
+            print(f"hetgrad: warning: record written to {path} instead of {cfg.out}",
+                  file=sys.stderr, flush=True)
+        return path
+    raise InputFileError(f"the record could not be written anywhere ({places})", field="out")
 
 
 def _announce(job: Job) -> None:

@@ -1,34 +1,97 @@
-"""At least ten bad inputs to `hetgrad train`: each a one-line error naming the flag, exit 2."""
+"""Bad inputs to `hetgrad train | probe | plan | report`, as a new user would give them: each
+ends with exit 2 and one `hetgrad: error` line naming the flag or file, no traceback, before
+any probe (within seconds), and no file created, changed or deleted."""
+import hashlib
+import json
 import os
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from conftest import ROOT, hetgrad_mpi
+from hetgrad.partition import make_plan
+
+DIGITS = 1437
+
+
+def _npz(path: Path, **override) -> None:
+    rng = np.random.default_rng(0)
+    arrays = dict(x_train=rng.random((40, 4, 4), np.float32), y_train=np.arange(40) % 3,
+                  x_test=rng.random((9, 4, 4), np.float32), y_test=np.arange(9) % 3)
+    arrays.update(override)
+    np.savez(path, **arrays)
+
+
+def _checkpoint(d: Path, *, ranks: int = 1, batch: int = 96, epoch: int = 1,
+                named: int | None = None, **job) -> None:
+    """A checkpoint directory's state (enough for the checks, which run before any restore)."""
+    d.mkdir()
+    (d / f"ckpt-{named or epoch}").mkdir()
+    plan = make_plan([1.0] * ranks, batch, DIGITS).to_dict()
+    state = {"epoch": epoch, "checkpoint": f"ckpt-{named or epoch}", "plan": plan,
+             "probe": [{"rank": r, "host": "h", "device": "cpu", "samples_per_s": 1.0}
+                       for r in range(ranks)],
+             "job": {"data": "digits", "model": "mlp", "plan": None, **job}}
+    (d / "state.json").write_text(json.dumps(state))
+
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory):
+def d(tmp_path_factory):
     d = tmp_path_factory.mktemp("bad")
     (d / "garbage.npz").write_bytes(b"\x00not a zip")
     (d / "garbage.json").write_text("[1, 2")
+    (d / "adir.json").mkdir()
+    (d / "afile").write_text("not a directory")
     x = np.zeros((8, 4, 4), np.float32)
     x[3, 1, 1] = np.nan
     np.savez(d / "nan.npz", x_train=x, y_train=np.arange(8) % 2, x_test=x[:2], y_test=[0, 1])
+    _npz(d / "strings.npz", x_train=np.array(["a"] * 40))
+    _npz(d / "neglabel.npz", y_train=np.arange(40) % 3 - 1)
+    _npz(d / "nanlabel.npz", y_train=np.where(np.arange(40) == 5, np.nan, np.arange(40) % 3))
+    _npz(d / "floatlabel.npz", y_train=(np.arange(40) % 3) + 0.5)
+    _npz(d / "onehot.npz", y_train=np.eye(3)[np.arange(40) % 3])
+    _npz(d / "testshape.npz", x_test=np.zeros((9, 5, 5), np.float32))
+    _npz(d / "emptytest.npz", x_test=np.zeros((0, 4, 4), np.float32), y_test=np.zeros(0, int))
+    _npz(d / "flat.npz", x_train=np.arange(40, dtype=np.float32))
+    _npz(d / "testlabel.npz", y_test=np.arange(9) % 5)
     (d / "usermodels.py").write_text(
         "from hetgrad.compat import keras\n"
         "def one_output(input_shape, num_classes):\n"
         "    return keras.Sequential([keras.Input(input_shape), keras.layers.Flatten(),\n"
         "                             keras.layers.Dense(1)])\n")
+    plan = make_plan([1.0], 96, DIGITS).to_dict()
+    (d / "plan-types.json").write_text(json.dumps({**plan, "batches": "96"}))
+    (d / "plan-sum.json").write_text(json.dumps({**plan, "global_batch": 97}))
+    (d / "probe2.json").write_text(json.dumps(
+        [{"rank": r, "host": "h", "device": "cpu", "samples_per_s": 1.0} for r in range(2)]))
+    (d / "probe-types.json").write_text(json.dumps([{"rank": 0, "host": "h", "device": "cpu",
+                                                     "samples_per_s": "fast"}]))
+    _checkpoint(d / "ckpt-ok")
+    _checkpoint(d / "ckpt-2ranks", ranks=2)
+    _checkpoint(d / "ckpt-B64", batch=64)
+    _checkpoint(d / "ckpt-epoch", epoch=2, named=1)
+    _checkpoint(d / "ckpt-cnn", model="cnn")
+    (d / "ckpt-garbage").mkdir()
+    (d / "ckpt-garbage" / "state.json").write_text("{\"epoch\": \"one\"}")
+    rec = {"config": {"model": "mlp", "data": "digits", "mode": "weighted"},
+           "plan": {"speeds": [1], "shard_sizes": [10], "batches": [1]},
+           "probe": [{"samples_per_s": 10.0}], "epochs": [{"test_accuracy": 0.5, "time_s": 1}],
+           "median_epoch_time_s": 1.0, "samples_per_s": 10.0, "throughput_efficiency": 1.0,
+           "final_test_accuracy": 0.5, "best_test_accuracy": 0.5}
+    (d / "rec1.json").write_text(json.dumps(rec))
+    (d / "rec2.json").write_text(json.dumps({**rec, "epochs": rec["epochs"] * 2}))
+    (d / "noplan.json").write_text(json.dumps({k: v for k, v in rec.items() if k != "plan"}))
     return d
 
 
-CASES = [
+TRAIN = [
+    # flags: ranges and kinds
     (["--epochs", "0"], "--epochs: must be >= 1"),
     (["--lr", "-1"], "--lr: must be a positive number"),
-    (["--out", "/nonexistent/dir/run.json"], "--out: directory /nonexistent/dir does not exist"),
-    (["--data", "/nonexistent.npz"], "--data: no such dataset or file"),
-    (["--data", "{d}/garbage.npz"], "--data: cannot read"),
     (["--model", "transformer"], "--model: unknown model 'transformer'"),
     (["--model", "no_such_module:build"], "--model: cannot import 'no_such_module'"),
     (["--model", "examples.cnn_npz:nothing"], "--model: examples.cnn_npz has no function 'nothing'"),
@@ -42,27 +105,144 @@ CASES = [
     (["--emulate-speeds", "1,x"], "--emulate-speeds: cannot parse"),
     (["--emulate-speeds", "0"], "--emulate-speeds: speed of rank 0 is 0.0"),
     (["--speeds", "1,2"], "--speeds: 2 speeds for 1 ranks"),
+    (["--probe-steps", "0"], "--probe-steps: must be >= 1"),
+    (["--probe-batch", "-5"], "--probe-batch: must be >= 1"),
+    (["--probe-batch", "0"], "--probe-batch: must be >= 1"),
+    (["--checkpoint-every", "0"], "--checkpoint-every: must be >= 1"),
+    (["--sparsify", "topk", "--density", "2"], "--density: must be in (0, 1]"),
+    (["--rebalance", "--rebalance-threshold", "-1"], "--rebalance-threshold: must be a number >= 0"),
+    # sizes the partitioner refuses, found before the probe
     (["--global-batch", "5000"], "--global-batch: dataset has 1437 samples"),
     (["--max-batch", "10"], "--max-batch: per-rank caps sum to 10 < global batch 96"),
-    (["--plan", "{d}/garbage.json"], "--plan: cannot read plan file"),
+    # combinations, and flags that would do nothing
     (["--mode", "equal", "--sparsify", "topk"], "--sparsify: sparsification runs with mode 'weighted' only"),
-    (["--sparsify", "topk", "--density", "2"], "--density: must be in (0, 1]"),
-    (["--resume", "{d}"], "--resume: no checkpoint in"),
-    (["--data", "{d}/nan.npz"], "nan.npz: x_train holds 1 NaN/Inf values"),
     (["--mode", "equal", "--rebalance"], "--rebalance: rebalancing needs mode 'weighted'"),
-    (["--rebalance", "--rebalance-threshold", "-1"], "--rebalance-threshold: must be a number >= 0"),
-    (["--checkpoint-every", "0"], "--checkpoint-every: must be >= 1"),
+    (["--density", "0.05"], "--density: does nothing without --sparsify"),
+    (["--exchange", "allgather"], "--exchange: does nothing without --sparsify"),
+    (["--momentum-correction"], "--momentum-correction: does nothing without --sparsify"),
+    (["--mode", "equal", "--weighting", "samples"], "--weighting: does nothing without --mode weighted"),
+    (["--rebalance-threshold", "0.1"], "--rebalance-threshold: does nothing without --rebalance"),
+    (["--checkpoint-every", "2"], "--checkpoint-every: does nothing without --checkpoint-dir"),
+    (["--emulate-unit", "0.01"], "--emulate-unit: does nothing without --emulate-speeds"),
+    (["--overwrite"], "--overwrite: does nothing without --checkpoint-dir"),
+    (["--probe-file", "{d}/probe2.json", "--probe-steps", "3"], "--probe-steps: does nothing without a probe (not --probe-file)"),
+    (["--mode", "equal", "--speeds", "2"], "--speeds: does nothing without the partitioner"),
+    (["--plan", "{d}/plan-sum.json", "--max-batch", "50"], "--max-batch: does nothing without the partitioner"),
+    # outputs that cannot be written: found first, nothing is left behind
+    (["--out", "/nonexistent/dir/run.json"], "--out: directory /nonexistent/dir does not exist"),
+    (["--out", "/proc/run.json"], "--out: cannot write in /proc"),
+    (["--out", "{d}/adir.json"], "--out: {d}/adir.json is a directory"),
+    (["--checkpoint-dir", "{d}/afile"], "--checkpoint-dir: {d}/afile is a file"),
+    (["--checkpoint-dir", "{d}/ckpt-ok"], "--checkpoint-dir: {d}/ckpt-ok holds checkpoints of an "
+     "earlier run; continue it with --resume"),
+    # data files
+    (["--data", "/nonexistent.npz"], "--data: no such dataset or file"),
+    (["--data", "{d}/garbage.npz"], "--data: cannot read"),
+    (["--data", "{d}/nan.npz"], "nan.npz: x_train holds 1 NaN/Inf values"),
+    (["--data", "{d}/strings.npz"], "strings.npz: x_train has dtype <U1; numeric arrays needed"),
+    (["--data", "{d}/neglabel.npz"], "neglabel.npz: y_train holds negative label -1"),
+    (["--data", "{d}/nanlabel.npz"], "nanlabel.npz: y_train holds non-integer labels"),
+    (["--data", "{d}/floatlabel.npz"], "floatlabel.npz: y_train holds non-integer labels"),
+    (["--data", "{d}/onehot.npz"], "onehot.npz: y_train has shape (40, 3); need one integer label"),
+    (["--data", "{d}/testshape.npz"], "testshape.npz: x_test samples have shape (5, 5), x_train's (4, 4)"),
+    (["--data", "{d}/emptytest.npz"], "emptytest.npz: x_test is empty"),
+    (["--data", "{d}/flat.npz"], "flat.npz: x_train has shape (40,); need (samples, features...)"),
+    (["--data", "{d}/testlabel.npz"], "testlabel.npz: y_test has label 4, but y_train only labels 0..2"),
+    # plan and probe files
+    (["--plan", "{d}/garbage.json"], "--plan: cannot read plan file"),
+    (["--plan", "{d}/plan-types.json"], "--plan: cannot read plan file {d}/plan-types.json: field "
+     "'batches' is '96', expected list[int]"),
+    (["--plan", "{d}/plan-sum.json"], "--plan: plan file {d}/plan-sum.json: plan batches sum to 96, not 97"),
+    (["--probe-file", "{d}/garbage.json"], "--probe-file: cannot read probe file"),
+    (["--probe-file", "{d}/probe2.json"], "--probe-file: probe file {d}/probe2.json has 2 ranks, job has 1"),
+    (["--probe-file", "{d}/probe-types.json"], "--probe-file: cannot read probe file"),
+    # checkpoints: checked against this job, not trusted
+    (["--resume", "{d}"], "--resume: no checkpoint in"),
+    (["--resume", "{d}/ckpt-garbage"], "--resume: {d}/ckpt-garbage/state.json is not a hetgrad "
+     "checkpoint state"),
+    (["--resume", "{d}/ckpt-2ranks"], "--resume: the checkpoint is of a 2-rank job, this job has 1 ranks"),
+    (["--resume", "{d}/ckpt-B64"], "--global-batch: the checkpoint trained with global batch 64; "
+     "resume with -B 64"),
+    (["--resume", "{d}/ckpt-epoch"], "--resume: {d}/ckpt-epoch/state.json says epoch 2 in ckpt-1"),
+    (["--resume", "{d}/ckpt-cnn"], "--model: the checkpoint's job had 'cnn', this job asks "
+     "for 'mlp'; resume with the same setting"),
+    (["--resume", "{d}/ckpt-ok", "--epochs", "1"], "--epochs: the checkpoint is at epoch 1; ask for more"),
+    (["--resume", "{d}/ckpt-ok", "--plan", "{d}/plan-sum.json"], "--plan: the checkpoint's job "
+     "had none, this job asks for"),
+]
+
+OTHER = [
+    (["probe", "--probe-steps", "0"], "--probe-steps: must be >= 1"),
+    (["probe", "--out", "/proc/probe.json"], "--out: cannot write in /proc"),
+    (["plan", "--speeds", "1,2", "-B", "64", "--dataset-size", "1000", "--out",
+      "/proc/plan.json"], "--out: cannot write in /proc"),
+    (["report", "{d}/rec1.json", "{d}/rec2.json", "--out-dir", "{d}/report"],
+     "RUN.json: records of mlp/digits 1 weighted trained different numbers of epochs"),
+    (["report", "{d}/noplan.json", "--out-dir", "{d}/report"],
+     "RUN.json: {d}/noplan.json is not a `hetgrad train` record (lacks ['plan'])"),
+    (["report", "{d}/rec1.json", "--out-dir", "{d}/afile"], "--out-dir: {d}/afile is a file"),
 ]
 
 
-@pytest.mark.parametrize("args,needle", CASES, ids=[" ".join(a) for a, _ in CASES])
-def test_bad_train_input(files, args, needle):
-    args = [a.format(d=files) for a in args]
-    p = subprocess.run([sys.executable, "-m", "hetgrad.cli", "train", "--epochs", "1", "--quiet",
-                        "--probe-steps", "1", "--out", str(files / "run.json"), *args],
-                       capture_output=True, text=True, timeout=120,
-                       env=dict(os.environ, PYTHONPATH=str(files)))
-    assert p.returncode == 2, p.stderr[-2000:]
-    errors = [line for line in p.stderr.splitlines() if line.startswith("hetgrad: error")]
-    assert len(errors) == 1 and needle in errors[0], p.stderr[-2000:]
-    assert "Traceback" not in p.stderr
+def snapshot(root: Path) -> dict:
+    """Every file and directory under ``root`` with a hash of its content."""
+    return {str(p.relative_to(root)): p.is_dir() or hashlib.sha1(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*"))}
+
+
+def check_refused(p: subprocess.CompletedProcess, needle: str, elapsed: float) -> None:
+    err = p.stderr
+    assert p.returncode == 2, err[-2000:]
+    errors = [line for line in err.splitlines() if line.startswith("hetgrad: error")]
+    assert len(errors) == 1 and needle in errors[0], err[-2000:]
+    assert "Traceback" not in err and "MPI_ABORT" not in err, err[-2000:]
+    assert "hetgrad: probe" not in p.stdout + err   # refused before any probe
+    assert elapsed < 40, elapsed
+
+
+def _run(d: Path, args: list[str]) -> tuple[subprocess.CompletedProcess, float]:
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "hetgrad.cli", *args], capture_output=True,
+                       text=True, timeout=120, cwd=d, env=dict(os.environ, PYTHONPATH=f"{d}:{ROOT}"))
+    return p, time.monotonic() - t0
+
+
+@pytest.mark.parametrize("args,needle", TRAIN, ids=[" ".join(a) for a, _ in TRAIN])
+def test_bad_train_input(d, args, needle):
+    args = [a.format(d=d) for a in args]
+    before = snapshot(d)
+    out = [] if "--out" in args else ["--out", str(d / "run.json")]
+    p, elapsed = _run(d, ["train", "--epochs", "3", *out, *args])
+    check_refused(p, needle.format(d=d), elapsed)
+    assert snapshot(d) == before
+
+
+@pytest.mark.parametrize("args,needle", OTHER, ids=[" ".join(a) for a, _ in OTHER])
+def test_bad_input_to_other_commands(d, args, needle):
+    args = [a.format(d=d) for a in args]
+    before = snapshot(d)
+    p, elapsed = _run(d, args)
+    check_refused(p, needle.format(d=d), elapsed)
+    assert snapshot(d) == before
+
+
+def test_same_error_on_every_rank_is_printed_once_without_abort(d, tmp_path):
+    t0 = time.monotonic()
+    p = hetgrad_mpi(2, ["train", "--global-batch", "5000", "--out", str(tmp_path / "r.json")],
+                    timeout=120)
+    check_refused(p, "hetgrad: error: --global-batch: dataset has 1437 samples",
+                  time.monotonic() - t0)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_overwrite_lets_a_new_run_replace_old_checkpoints(d, tmp_path):
+    """The refusal above has a way out: --overwrite (here checked to pass validation and
+    train, replacing the old state)."""
+    ckpt = tmp_path / "ckpt"
+    _checkpoint(ckpt, epoch=5)
+    p, _ = _run(d, ["train", "--epochs", "1", "--quiet", "--probe-steps", "1", "--checkpoint-dir",
+                    str(ckpt), "--overwrite", "--out", str(tmp_path / "r.json")])
+    assert p.returncode == 0, p.stderr[-2000:]
+    state = json.loads((ckpt / "state.json").read_text())
+    assert state["epoch"] == 1 and sorted(x.name for x in ckpt.iterdir()) == [
+        "ckpt-1", "final_weights.npz", "state.json"]
