@@ -140,3 +140,28 @@ class Checkpointing(Action):
 
     def on_train_end(self, job):
         self.checkpointer.save_final_weights()
+
+
+class Watchdog(Action):
+    """Ends every rank when this one makes no progress for ``timeout`` seconds
+    (:class:`hetgrad.watchdog.StepWatchdog`): steps, evaluation and epoch boundaries count."""
+
+    def __init__(self, timeout: float):
+        self.timeout = timeout
+        self.dog = None
+
+    def on_epoch_begin(self, job: "Job", epoch: int) -> None:
+        if self.dog is None:
+            from .watchdog import StepWatchdog, abort_all
+            self.dog = StepWatchdog(self.timeout, abort_all(job.rank, job.size))
+        self.dog.beat(f"epoch {epoch + 1}")
+
+    def callbacks(self, job: "Job") -> list:
+        return [self.dog]
+
+    def on_epoch_end(self, job: "Job", epoch: int, row: dict) -> None:
+        self.dog.beat(f"the end of epoch {epoch + 1}")
+
+    def on_train_end(self, job: "Job") -> None:
+        if self.dog is not None:
+            self.dog.close()

@@ -67,13 +67,15 @@ class Reducer:
 
 
 class DenseReducer(Reducer):
-    """Dense gradients through ``op=Sum`` allreduces (one fused ``grouped_allreduce`` with
-    ``grouped``, else one per tensor as Horovod's optimizer does, which lets an early
-    gradient start before the last is ready); ``tf.IndexedSlices`` (embeddings) are
-    allgathered, as Horovod does, unless ``sparse_as_dense``."""
+    """Dense gradients through ``op=Sum`` allreduces, one per tensor as Horovod's optimizer
+    does (Horovod fuses them in its background thread, and a gradient the backward pass
+    produced early is exchanged while the pass goes on), or one ``grouped_allreduce`` with
+    ``grouped`` (waits for the last gradient: 6-10 % slower per step at 1 M parameters on 2
+    ranks, docs/results.md); ``tf.IndexedSlices`` (embeddings) are allgathered, as Horovod
+    does, unless ``sparse_as_dense``."""
 
     def __init__(self, *, compression=hvd.Compression.none, sparse_as_dense: bool = False,
-                 grouped: bool = True, name: str = "hetgrad"):
+                 grouped: bool = False, name: str = "hetgrad"):
         self.compression = compression
         self.sparse_as_dense = sparse_as_dense
         self.grouped = grouped
@@ -85,7 +87,12 @@ class DenseReducer(Reducer):
         return self._reduce(grads, [])[0]
 
     def reduce_counted(self, grads, count):
-        out, extra = self._reduce(grads, [tf.reshape(tf.cast(count, tf.float32), [1])])
+        # the count waits for the gradients, so Horovod fuses its exchange with theirs
+        # instead of negotiating it alone at the start of the step
+        ready = [g for g in grads if g is not None and not isinstance(g, tf.IndexedSlices)]
+        with tf.control_dependencies(ready):
+            count = tf.reshape(tf.cast(count, tf.float32), [1])
+        out, extra = self._reduce(grads, [count])
         return out, extra[0][0]
 
     def _reduce(self, grads: Sequence, extra: list) -> tuple[list, list]:

@@ -118,6 +118,8 @@ class TrainConfig:
     rebalance_threshold: float = setting(0.03, "re-plan when the new plan's predicted epoch "
                                          "time is shorter by more than this fraction (and "
                                          "than the measured noise)", check=non_negative)
+    step_timeout: float = setting(600.0, "seconds a training step may take before every "
+                                  "rank is ended (a stuck or dead rank)", check=positive)
     on_nonfinite: str = setting("abort", "NaN/Inf in a rank's local gradients: end the job "
                                 "naming the rank, or go on", choices=NONFINITE_POLICIES)
     checkpoint_dir: str | None = setting(None, "rank 0 saves checkpoints here")

@@ -64,3 +64,14 @@ class AgreedError(HetgradError):
         if len(ranks) < size:
             message += f" (found on rank(s) {ranks} of {size})"
         super().__init__(message, field=field)
+
+
+class Interrupted(HetgradError):
+    """The rank got SIGINT or SIGTERM (Ctrl-C, ``scancel``, a launcher passing it on); exit
+    code ``128 + signal`` as a shell reports it."""
+
+    def __init__(self, signum: int):
+        import signal
+        self.exit_code = 128 + signum
+        super().__init__(f"stopped by {signal.Signals(signum).name}; the last checkpoint "
+                         "(--checkpoint-dir) resumes the run with --resume")

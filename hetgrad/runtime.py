@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 import traceback
@@ -10,7 +11,7 @@ from typing import Callable, TypeVar
 
 from .comm import Comm, connect, gloo_launch
 from .config import check_value
-from .errors import AgreedError, ConfigError, HetgradError
+from .errors import AgreedError, ConfigError, HetgradError, Interrupted
 
 T = TypeVar("T")
 
@@ -63,12 +64,15 @@ def fail_fast(flags: dict[str, str] | None = None):
     a setting to the flag shown for it (see :meth:`HetgradError.render`). An error another
     rank reports (``reported_elsewhere``) waits :data:`GRACE_S` for that rank's abort first.
     """
+    _raise_on_signals()
     try:
         yield
     except SystemExit:
         raise
     except BaseException as exc:  # noqa: BLE001 - we report and abort on anything
-        code = 2 if isinstance(exc, HetgradError) else 1
+        if isinstance(exc, KeyboardInterrupt):
+            exc = Interrupted(signal.SIGINT)
+        code = getattr(exc, "exit_code", 2 if isinstance(exc, HetgradError) else 1)
         rank, size = _rank_size()
         if isinstance(exc, AgreedError):  # every rank raised it: no rank is left waiting
             if rank == 0:
@@ -84,6 +88,18 @@ def fail_fast(flags: dict[str, str] | None = None):
         if size > 1:
             _abort(code)
         sys.exit(code)
+
+
+def _raise_on_signals() -> None:
+    """SIGTERM (and SIGINT) raise :class:`Interrupted` at the rank's next Python step, so it
+    ends with a hetgrad line and the launcher's other ranks are taken down with it."""
+    def handler(signum, frame):
+        raise Interrupted(signum)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            signal.signal(sig, handler)
+        except ValueError:   # not the main thread (e.g. an embedding host): leave them
+            return
 
 
 def agree(comm: Comm, check: Callable[[], T]) -> T:

@@ -16,7 +16,7 @@ from typing import Any
 import tensorflow as tf
 
 from . import data as data_mod, models, probe
-from .actions import Action, Balance, Checkpointing, Emulation, Evaluation, Sparse
+from .actions import Action, Balance, Checkpointing, Emulation, Evaluation, Sparse, Watchdog
 from .checkpoint import Checkpointer
 from .compat import keras
 from .config import TrainConfig
@@ -33,6 +33,7 @@ from .run import Run
 from .runtime import agree, configure_tf, init
 from .sparse.reducer import SparseReducer
 from .validate import check_train, job_identity
+from .watchdog import stall_check
 
 
 @dataclass
@@ -66,6 +67,7 @@ class Job(Run):
 def build_job(cfg: TrainConfig) -> Job:
     """Check ``cfg``, start MPI/Horovod, load data, probe (or reuse a probe), plan, build and
     compile the model, restore a checkpoint when resuming."""
+    stall_check(cfg.step_timeout)
     comm = init()   # TF threads are set before any collective (Gloo's are TF ops)
     device = agree(comm, lambda: configure_tf(cfg.threads, cfg.device))
     data, state = agree(comm, lambda: check_train(cfg, comm.rank, comm.size))
@@ -200,6 +202,7 @@ def default_actions(job: Job) -> list[Action]:
     if isinstance(job.reducer, SparseReducer):
         actions.append(Sparse(job.reducer))
     actions.append(Checkpointing(job.checkpointer))
+    actions.append(Watchdog(cfg.step_timeout))
     return actions
 
 

@@ -94,27 +94,14 @@ def check_checkpoint_dir(cfg: TrainConfig) -> None:
 
 def check_resume(cfg: TrainConfig, world_size: int, n_train: int) -> dict | None:
     """The state of ``--resume``, checked against this job: complete, consistent with its
-    checkpoint, and from a job with the same ranks, data, global batch and model."""
+    checkpoint, and from a job with the same ranks, data, global batch and settings."""
     if not cfg.resume:
         return None
-    from .checkpoint import read_state
-    from .partition import Plan
-    path = Path(cfg.resume) / "state.json"
-    state = read_state(cfg.resume)
+    state, plan = _checked_state(Path(cfg.resume))
 
     def bad(text: str, field: str = "resume"):
         raise InputFileError(text, field=field)
 
-    try:
-        typed(_State, state, "checkpoint state")
-        plan = Plan(**typed(Plan, state["plan"], "plan"))
-        plan.validate()
-    except (TypeError, ValueError, KeyError, HetgradError) as exc:
-        bad(f"{path} is not a hetgrad checkpoint state: {exc}")
-    if state["checkpoint"] != f"ckpt-{state['epoch']}" or \
-            not (Path(cfg.resume) / state["checkpoint"]).is_dir():
-        bad(f"{path} says epoch {state['epoch']} in {state['checkpoint']}, which is missing or "
-            "of another epoch: the checkpoint directory was changed by hand")
     if plan.world_size != world_size:
         bad(f"the checkpoint is of a {plan.world_size}-rank job, this job has {world_size} "
             f"ranks; resume with {plan.world_size} ranks")
@@ -131,6 +118,28 @@ def check_resume(cfg: TrainConfig, world_size: int, n_train: int) -> dict | None
     if state["epoch"] >= cfg.epochs:
         bad(f"the checkpoint is at epoch {state['epoch']}; ask for more epochs", "epochs")
     return state
+
+
+def _checked_state(directory: Path) -> tuple[dict, "Plan"]:
+    """``state.json`` of a checkpoint dir, with its plan, checked to be whole and to name the
+    checkpoint of its own epoch."""
+    from .checkpoint import read_state
+    from .partition import Plan
+    path = directory / "state.json"
+    state = read_state(directory)
+    try:
+        typed(_State, state, "checkpoint state")
+        plan = Plan(**typed(Plan, state["plan"], "plan"))
+        plan.validate()
+    except (TypeError, ValueError, KeyError, HetgradError) as exc:
+        raise InputFileError(f"{path} is not a hetgrad checkpoint state: {exc}",
+                             field="resume") from None
+    if state["checkpoint"] != f"ckpt-{state['epoch']}" or \
+            not (directory / state["checkpoint"]).is_dir():
+        raise InputFileError(f"{path} says epoch {state['epoch']} in {state['checkpoint']}, "
+                             "which is missing or of another epoch: the checkpoint directory "
+                             "was changed by hand", field="resume")
+    return state, plan
 
 
 @dataclass

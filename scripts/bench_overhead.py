@@ -11,7 +11,7 @@ Run under MPI with Keras 2 (Horovod's Keras optimizer does not aggregate under K
 Every arm trains its own copy of the same MLP (``--width``: 1024 -> 1.1M parameters, 3200 ->
 10.5M, 5000 -> 25.4M) on the same batch, ``--steps-per-execution`` steps per graph call (no
 Python between steps). A round times one block of every arm (a persistent iterator
-through the model's train function, no ``fit`` per block), in an order that turns each
+through the model's train function, no ``fit`` per block), in a random order drawn anew each
 round; the first ``--warmup`` rounds are dropped. Per round, each arm's block time is divided
 by Horovod's in the same round; the JSON (rank 0) holds every ratio, their median and
 inter-quartile range.
@@ -44,7 +44,7 @@ def build(kind: str, args, plan, hvd, hk, tf):
     else:
         weight, mode, *how = kind.split("-")
         from hetgrad.aggregate import DenseReducer
-        reducer = DenseReducer(grouped=how != ["pertensor"])
+        reducer = DenseReducer(grouped=how == ["grouped"])
         opt = hk.DistributedOptimizer(base, weight=WEIGHTS[weight] or 1.0 / hvd.size(),
                                       plan=plan, check_finite=mode == "checked",
                                       reducer=reducer)
@@ -81,8 +81,38 @@ def iqr(values: list[float]) -> tuple[float, float]:
     return q[0], q[2]
 
 
+def bootstrap_ci(values: list[float], reps: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """95 % bootstrap interval of the median of ``values``."""
+    rng = np.random.default_rng(seed)
+    v = np.asarray(values)
+    medians = np.median(rng.choice(v, (reps, v.size)), axis=1)
+    return float(np.percentile(medians, 2.5)), float(np.percentile(medians, 97.5))
+
+
+def table(paths: list[str]) -> str:
+    """Markdown: per file (size, ranks) and arm, the median ratio to Horovod, its IQR and the
+    95 % bootstrap interval of the median."""
+    lines = ["| params | ranks | rounds | Horovod step (ms) | arm | median ratio | IQR | 95 % CI "
+             "of median |", "|---|---|---|---|---|---|---|---|"]
+    for path in paths:
+        with open(path) as f:
+            d = json.load(f)
+        for arm, ratios in d["ratios"].items():
+            if arm == "horovod":
+                continue
+            lo, hi = bootstrap_ci(ratios)
+            q1, q3 = d["ratio_iqr"][arm]
+            lines.append(f"| {d['params'] / 1e6:.1f} M | {d['ranks']} | {d['rounds']} | "
+                         f"{1e3 * d['median_step_s']['horovod']:.1f} | {arm} | "
+                         f"{d['ratio_median'][arm]:.3f} | {q1:.3f}-{q3:.3f} | "
+                         f"{lo:.3f}-{hi:.3f} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--table", nargs="+", metavar="JSON",
+                    help="print the Markdown table of these results and exit (no MPI)")
     ap.add_argument("--width", type=int, default=1024)
     ap.add_argument("--batch", type=int, default=64, help="per rank")
     ap.add_argument("--rounds", type=int, default=30)
@@ -90,9 +120,14 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20, help="steps per block")
     ap.add_argument("--steps-per-execution", type=int, default=10)
     ap.add_argument("--arms", default=",".join(arms()),
-                    help="comma-separated: horovod, WEIGHT-checked|bare[-pertensor]")
-    ap.add_argument("--out", required=True)
+                    help="comma-separated: horovod, WEIGHT-checked|bare[-grouped]")
+    ap.add_argument("--out")
     args = ap.parse_args()
+    if args.table:
+        print(table(args.table))
+        return
+    if not args.out:
+        ap.error("--out is required (unless --table)")
 
     from hetgrad.runtime import configure_tf, init
     init()
@@ -114,8 +149,11 @@ def main() -> None:
     for k in kinds:  # trace, first steps
         steppers[k].block(args.steps_per_execution)
     per_step = {k: [] for k in kinds}
+    shuffle = np.random.default_rng(12345)   # the same order on every rank
     for r in range(args.warmup + args.rounds):
-        order = kinds[r % len(kinds):] + kinds[:r % len(kinds)]
+        # a fresh random order every round: a turning order made each arm always follow the
+        # same other arm, and whatever one arm leaves behind slowed the next systematically
+        order = list(shuffle.permutation(kinds))
         for k in order:
             per_step[k].append(steppers[k].block(args.steps))
     if hvd.rank() == 0:

@@ -23,6 +23,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -89,18 +90,19 @@ def run_one(np_: int, arm: str, seed: int, args, tcp: bool) -> dict:
 
 
 def summarize(rec: dict, np_: int, arm: str, seed: int) -> dict:
-    steps = rec["plan"]["steps_per_epoch"]
+    """Step time, k, |U| and bytes at the target density: epochs after the warm-up (and
+    after the first, which traces the step); accuracy after every epoch."""
+    skip = max(1, rec["config"]["density_warmup"])
+    steady = [e["time_s"] for e in rec["epochs"][skip:]]
     row = {"ranks": np_, "arm": arm, "seed": seed,
-           "step_s": rec["median_epoch_time_s"] / steps,
+           "step_s": statistics.median(steady) / rec["plan"]["steps_per_epoch"],
            "final_test_accuracy": rec["final_test_accuracy"],
            "curve": [[e["time_s"], e["test_accuracy"]] for e in rec["epochs"]],
            "wall_time_s": rec["wall_time_s"]}
-    if "sparse_summary" in rec:
-        s = rec["sparse_summary"]
-        late = [r for r in rec["sparse_steps"] if r["epoch"] > rec["config"]["density_warmup"]]
-        row.update(k=s["k"], union=s["union"], buildup=s["buildup"],
-                   buildup_after_warmup=sum(r["buildup"] for r in late) / max(1, len(late)),
-                   bytes_sent=s["bytes_sent"], bytes_received=s["bytes_received"])
+    late = [r for r in rec.get("sparse_steps", []) if r["epoch"] > skip]
+    for key in ("k", "union", "buildup", "bytes_sent", "bytes_received"):
+        if late:
+            row[key] = statistics.fmean(r[key] for r in late)
     return row
 
 

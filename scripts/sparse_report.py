@@ -1,6 +1,6 @@
 """Tables and plots of ``scripts/bench_sparse.py``'s JSON: per rank count and arm, the mean over
-seeds, step time as a ratio to dense within the same (ranks, seed) block, and time to reach
-dense's final accuracy."""
+seeds, step time as a ratio to dense within the same (ranks, seed) block (at the target
+density, after the warm-up), and time to reach dense's final accuracy."""
 from __future__ import annotations
 
 import itertools
@@ -40,7 +40,7 @@ def summary(rows: list[dict]) -> list[dict]:
                 "target": target, "reached": sum(t is not None for t in reached),
                 "time_to_target_s": statistics.fmean(t for t in reached if t is not None)
                 if any(t is not None for t in reached) else None}
-        for key in ("buildup", "buildup_after_warmup", "bytes_sent", "bytes_received"):
+        for key in ("buildup", "bytes_sent", "bytes_received"):
             if key in group[0]:
                 line[key] = statistics.fmean(r[key] for r in group)
         out.append(line)
@@ -48,14 +48,14 @@ def summary(rows: list[dict]) -> list[dict]:
 
 
 def table(lines: list[dict]) -> str:
-    head = ("| ranks | arm | step (ms) | / dense | \\|U\\|/k (after warm-up) | bytes sent "
+    head = ("| ranks | arm | step (ms) | / dense | \\|U\\|/k | bytes sent "
             "/ step / rank | final test acc (mean ± sd) | time to dense acc − 1 pt (s) |\n"
             "|---|---|---|---|---|---|---|---|\n")
     body = []
     for x in lines:
         tt = (f"{x['time_to_target_s']:.1f} ({x['reached']}/{x['seeds']})"
               if x["time_to_target_s"] is not None else f"never (0/{x['seeds']})")
-        u = f"{x['buildup']:.2f} ({x['buildup_after_warmup']:.2f})" if "buildup" in x else "–"
+        u = f"{x['buildup']:.2f}" if "buildup" in x else "–"
         b = f"{x['bytes_sent']:,.0f}" if "bytes_sent" in x else "–"
         body.append(f"| {x['ranks']} | {x['arm']} | {x['step_ms']:.1f} | "
                     f"{x['vs_dense']:.2f} | {u} | {b} | {x['acc']:.3f} ± {x['acc_sd']:.3f} | "

@@ -1,9 +1,14 @@
 """No hung ranks: a fault on one rank ends all ranks quickly with a message naming it."""
+import json
+import os
+import signal
+import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
-from conftest import MPI_DIR, run_mpi
+from conftest import MPI_DIR, ROOT, hetgrad_mpi, mpirun_cmd, run_mpi
 
 
 @pytest.mark.parametrize("fault,needle", [
@@ -20,3 +25,82 @@ def test_fault_on_one_rank_ends_the_job(fault, needle):
     assert proc.returncode != 0
     assert needle in out, out[-3000:]
     assert elapsed < 60, elapsed
+
+
+# Faults in a real `hetgrad train` run, mid-training: each ends every rank within 60 s with a
+# line naming the cause, and the checkpoint left behind resumes the run.
+
+TRAIN = ["train", "--speeds", "1,1", "--epochs", "400", "--quiet", "--probe-steps", "1"]
+
+
+def _start(tmp_path, extra=()):
+    """`hetgrad train` on 2 ranks in the background, once its first checkpoint exists."""
+    ckpt = tmp_path / "ckpt"
+    cmd = mpirun_cmd(2, ["-m", "hetgrad.cli", *TRAIN, "--checkpoint-dir", str(ckpt),
+                         "--out", str(tmp_path / "r.json"), *extra])
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    deadline = time.monotonic() + 120
+    while not (ckpt / "state.json").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.2)
+    return proc, ckpt
+
+
+def _rank_pid(launcher: subprocess.Popen, rank: int) -> int:
+    for pid in subprocess.run(["pgrep", "-P", str(launcher.pid)], capture_output=True,
+                              text=True).stdout.split():
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        if f"OMPI_COMM_WORLD_RANK={rank}".encode() in env:
+            return int(pid)
+    raise AssertionError(f"rank {rank} not found under mpirun {launcher.pid}")
+
+
+def _ended(proc: subprocess.Popen, t0: float) -> str:
+    """The launcher's stderr once it ended (killed, with its ranks, after 90 s)."""
+    try:
+        _, err = proc.communicate(timeout=90)
+    except subprocess.TimeoutExpired:
+        for pid in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
+                                  text=True).stdout.split():
+            os.kill(int(pid), signal.SIGKILL)   # e.g. a stopped rank nothing else ended
+        proc.kill()
+        _, err = proc.communicate()
+    assert time.monotonic() - t0 < 60, (time.monotonic() - t0, err[-3000:])
+    assert proc.returncode != 0
+    return err
+
+
+def _resumes(tmp_path, ckpt) -> None:
+    epoch = json.loads((ckpt / "state.json").read_text())["epoch"]
+    p = hetgrad_mpi(2, [*TRAIN[:4], str(epoch + 1), *TRAIN[5:], "--resume", str(ckpt),
+                        "--out", str(tmp_path / "resumed.json")], timeout=200)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert len(json.loads((tmp_path / "resumed.json").read_text())["epochs"]) == 1
+
+
+def test_sigterm_to_the_launcher(tmp_path):
+    proc, ckpt = _start(tmp_path)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    err = _ended(proc, t0)
+    assert "stopped by SIGTERM" in err, err[-3000:]
+    _resumes(tmp_path, ckpt)
+
+
+def test_rank_killed_mid_epoch(tmp_path):
+    proc, ckpt = _start(tmp_path)
+    t0 = time.monotonic()
+    os.kill(_rank_pid(proc, 1), signal.SIGKILL)
+    err = _ended(proc, t0)
+    assert "Signal: Killed" in err or "signal 9" in err, err[-3000:]
+    _resumes(tmp_path, ckpt)
+
+
+def test_stuck_rank_hits_the_step_timeout(tmp_path):
+    proc, ckpt = _start(tmp_path, ["--step-timeout", "8"])
+    t0 = time.monotonic()
+    os.kill(_rank_pid(proc, 1), signal.SIGSTOP)
+    err = _ended(proc, t0)
+    assert "hetgrad: error on rank 0/2: --step-timeout: no progress for 8s" in err, err[-3000:]
+    _resumes(tmp_path, ckpt)
