@@ -103,6 +103,7 @@ def probe(**values):
         results = measure_ranks(cfg, comm, data, device, emulation=emulation_of(cfg, comm))
         if comm.rank == 0:
             probe_mod.save(results, cfg.out)
+            click.echo(f"hetgrad: probe -> {cfg.out}", err=True)
             for r in results:
                 click.echo(f"rank {r.rank} {r.host} {r.device}: {r.samples_per_s:.1f} samples/s, "
                            f"{1e3 * r.fixed_s:.2f} ms fixed per step ({r.kind}, fit error "
@@ -140,6 +141,7 @@ def plan(dataset_size, **values):
                       max_batch=v["max_batch"])
         if v["out"]:
             p.save(v["out"])
+            click.echo(f"hetgrad: plan -> {v['out']}", err=True)
         click.echo(json.dumps({k: x for k, x in p.to_dict().items() if k != "meta"}))
     _run(body, {n: flag_of(n, PLAN_OVERRIDES) for n in PLAN_OPTIONS})
 
@@ -191,8 +193,8 @@ def report(runs, out_dir):
         from .report import report as make_report
         md, pngs = make_report(runs, out_dir)
         click.echo(md)
-        for p in pngs:
-            click.echo(f"plot: {p}")
+        click.echo(f"hetgrad: report -> {out_dir}/table.md, {out_dir}/summary.json, "
+                   f"{len(pngs)} plot(s): {' '.join(str(p) for p in pngs)}", err=True)
     _run(body, {"runs": "RUN.json", "out_dir": "--out-dir"})
 
 

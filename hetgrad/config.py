@@ -170,6 +170,11 @@ class TrainConfig:
                         clip_norm=self.local_clip, warmup_epochs=self.density_warmup,
                         log_steps=log_steps)
 
+    def emulation_spec(self) -> str | None:
+        """What a probe of this job is timed under (None: real speeds), so a saved probe is
+        never used to judge a run under other emulated speeds."""
+        return f"{self.emulate_speeds}@{self.emulate_unit:g}" if self.emulate_speeds else None
+
     def to_dict(self) -> dict:
         return asdict(self)
 

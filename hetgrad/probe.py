@@ -34,6 +34,7 @@ class ProbeResult:
     kind: str = "affine"
     step_times_s: list = field(default_factory=list)   # per point: every timed step
     probe_batch: int | None = None                      # files from before the model
+    emulation: str | None = None                        # "--emulate-speeds@unit" timed under
 
     def __post_init__(self):
         if not self.points and self.probe_batch:  # old file: one size, constant speed

@@ -1,10 +1,16 @@
 """The JSON record of one ``hetgrad train`` run, built by a pure function (no MPI, no TF) from
-what the trainer measured, so its arithmetic is unit-tested on its own."""
+what the trainer measured, so its arithmetic is unit-tested on its own; and where it goes."""
 from __future__ import annotations
 
+import os
 import statistics
+import sys
+import tempfile
+from pathlib import Path
 from typing import Sequence
 
+from .errors import InputFileError
+from .io import write_json
 from .partition import Plan
 
 SPARSE_KEYS = ("k", "union", "buildup", "bytes_sent", "bytes_received")
@@ -52,3 +58,24 @@ def sparse_bytes(steps: Sequence[dict]) -> dict:
     """One rank's total bytes sent and received over its sparse steps."""
     return {"bytes_sent": sum(r["bytes_sent"] for r in steps),
             "bytes_received": sum(r["bytes_received"] for r in steps)}
+
+
+def save_record(record: dict, out: str, fallback_dirs: Sequence[str | None] = ()) -> str:
+    """Write the record to ``out``; if that fails now (it was checked writable at the
+    start), to the first of ``fallback_dirs``, the working directory or the temp directory
+    that works, saying where. Returns the path written."""
+    name = Path(out).name
+    places = [out] + [str(Path(d) / name) for d in
+                      (*fallback_dirs, os.getcwd(), tempfile.gettempdir()) if d]
+    for i, path in enumerate(places):
+        try:
+            write_json(record, path)
+        except OSError as exc:
+            print(f"hetgrad: warning: cannot write the record to {path}: {exc.strerror}",
+                  file=sys.stderr, flush=True)
+            continue
+        if i:
+            print(f"hetgrad: warning: record written to {path} instead of {out}",
+                  file=sys.stderr, flush=True)
+        return path
+    raise InputFileError(f"the record could not be written anywhere ({places})", field="out")

@@ -5,12 +5,8 @@ optimizer, checkpoint restore), :func:`hetgrad.loop.run_epochs` (``model.fit`` p
 only in the optimizer's reducer."""
 from __future__ import annotations
 
-import os
-import sys
-import tempfile
 import time
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import tensorflow as tf
@@ -21,14 +17,14 @@ from .checkpoint import Checkpointer
 from .compat import keras
 from .config import TrainConfig
 from .emulate import parse_schedule
-from .errors import ConfigError, InputFileError
+from .errors import ConfigError
 from .io import write_json
 from .keras import DistributedOptimizer, count_samples
 from .loop import run_epochs
 from .partition import Plan, equal_plan, make_plan
 from .perfmodel import probe_batches
 from .rebalance import Rebalancer
-from .record import build_record, sparse_bytes
+from .record import build_record, save_record, sparse_bytes
 from .run import Run
 from .runtime import agree, configure_tf, init
 from .sparse.reducer import SparseReducer
@@ -108,13 +104,14 @@ def measure_ranks(cfg: TrainConfig, comm, data, device: str, state: dict | None 
     if cfg.probe_file:
         return probe.load(cfg.probe_file, world_size=comm.size)
     with tf.device(device):
-        return probe.run_probe(
+        results = probe.run_probe(
             comm, lambda: build_model(cfg, data),
             data.input_shape, data.num_classes, device=device,
             batches=probe_sizes(cfg, comm.rank, comm.size), steps=cfg.probe_steps,
             timeout=cfg.probe_timeout,
             before_step=emulation.emulator.pause if emulation else None,
             loss=models.loss(cfg.loss), verbose=not cfg.quiet)
+    return [replace(r, emulation=cfg.emulation_spec()) for r in results]
 
 
 def probe_sizes(cfg: TrainConfig, rank: int, size: int) -> list[int]:
@@ -222,34 +219,13 @@ def finish(job: Job, wall_time_s: float, balance: list[dict]) -> dict:
         wall_time_s=wall_time_s, per_rank_epoch_times_s=times, balance=balance,
         sparse_steps=job.sparse_steps if sparse else None,
         sparse_bytes_per_rank=nbytes if sparse else None)
-    where = save_record(record, job.cfg)
+    where = save_record(record, job.cfg.out, [job.cfg.checkpoint_dir or job.cfg.resume])
     if not job.cfg.quiet:
         print(f"hetgrad: final test accuracy {record['final_test_accuracy']:.4f}, "
               f"{record['samples_per_s']:.0f} samples/s "
               f"({100 * record['throughput_efficiency']:.0f}% of the probed ideal), "
               f"record -> {where}", flush=True)
     return record
-
-
-def save_record(record: dict, cfg: TrainConfig) -> str:
-    """Write the record to ``--out``; if that fails now (checked writable at the start), to
-    the checkpoint directory, the working directory or the temp directory, saying where."""
-    name = Path(cfg.out).name
-    places = [cfg.out] + [str(Path(d) / name) for d in
-                          (cfg.checkpoint_dir or cfg.resume, os.getcwd(), tempfile.gettempdir())
-                          if d]
-    for i, path in enumerate(places):
-        try:
-            write_json(record, path)
-        except OSError as exc:
-            print(f"hetgrad: warning: cannot write the record to {path}: {exc.strerror}",
-                  file=sys.stderr, flush=True)
-            continue
-        if i:
-            print(f"hetgrad: warning: record written to {path} instead of {cfg.out}",
-                  file=sys.stderr, flush=True)
-        return path
-    raise InputFileError(f"the record could not be written anywhere ({places})", field="out")
 
 
 def _announce(job: Job) -> None:

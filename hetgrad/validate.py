@@ -174,9 +174,19 @@ def check_train(cfg: TrainConfig, rank: int, world_size: int) -> tuple:
         from .trainer import choose_plan   # the partitioner's own checks, on equal speeds
         choose_plan(cfg, world_size, len(data.y_train), None)
     if cfg.probe_file:
-        from .probe import load
-        load(cfg.probe_file, world_size=world_size)
+        check_probe_file(cfg, world_size)
     return data, state
+
+
+def check_probe_file(cfg: TrainConfig, world_size: int) -> None:
+    """The probe file fits the ranks, and was timed under this job's emulated speeds (or
+    none): its rates are the ideal the run's efficiency is judged against."""
+    from .probe import load
+    timed, now = load(cfg.probe_file, world_size=world_size)[0].emulation, cfg.emulation_spec()
+    if timed != now:
+        raise InputFileError(f"{cfg.probe_file} was timed under emulated speeds {_shown(timed)}, "
+                             f"this job runs under {_shown(now)}; probe again or emulate the "
+                             "same speeds", field="probe_file")
 
 
 def check_probe(cfg: TrainConfig, rank: int) -> data_mod.Dataset:

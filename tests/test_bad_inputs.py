@@ -68,6 +68,9 @@ def d(tmp_path_factory):
     (d / "plan-sum.json").write_text(json.dumps({**plan, "global_batch": 97}))
     (d / "probe2.json").write_text(json.dumps(
         [{"rank": r, "host": "h", "device": "cpu", "samples_per_s": 1.0} for r in range(2)]))
+    (d / "probe-emulated.json").write_text(json.dumps([{"rank": 0, "host": "h", "device": "cpu",
+                                                        "samples_per_s": 9.0,
+                                                        "emulation": "4@0.001"}]))
     (d / "probe-types.json").write_text(json.dumps([{"rank": 0, "host": "h", "device": "cpu",
                                                      "samples_per_s": "fast"}]))
     _checkpoint(d / "ckpt-ok")
@@ -156,6 +159,8 @@ TRAIN = [
     (["--probe-file", "{d}/garbage.json"], "--probe-file: cannot read probe file"),
     (["--probe-file", "{d}/probe2.json"], "--probe-file: probe file {d}/probe2.json has 2 ranks, job has 1"),
     (["--probe-file", "{d}/probe-types.json"], "--probe-file: cannot read probe file"),
+    (["--probe-file", "{d}/probe-emulated.json"], "--probe-file: {d}/probe-emulated.json was "
+     "timed under emulated speeds '4@0.001', this job runs under none"),
     # checkpoints: checked against this job, not trusted
     (["--resume", "{d}"], "--resume: no checkpoint in"),
     (["--resume", "{d}/ckpt-garbage"], "--resume: {d}/ckpt-garbage/state.json is not a hetgrad "
