@@ -58,11 +58,14 @@ class Checkpointer:
         final = self.dir / f"ckpt-{epoch}"
         tmp = self.dir / f".ckpt-{epoch}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
-        self.ckpt.write(str(tmp / "ckpt"))
-        for r, arrays in enumerate(per_rank or []):
-            write_npz(tmp / f"rank-{r}.npz", **arrays)
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
+        try:
+            self.ckpt.write(str(tmp / "ckpt"))
+            for r, arrays in enumerate(per_rank or []):
+                write_npz(tmp / f"rank-{r}.npz", **arrays)
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(tmp, final)
+        finally:   # a failed save leaves no half-written directory behind
+            shutil.rmtree(tmp, ignore_errors=True)
         write_json({**self.state, **state, "epoch": epoch, "checkpoint": final.name},
                    self.dir / "state.json")
         for old in self.dir.glob("ckpt-*"):
