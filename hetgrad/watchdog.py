@@ -35,7 +35,7 @@ class StepWatchdog(keras.callbacks.Callback):
         self.timeout = timeout
         self.on_timeout = on_timeout
         self._last: float | None = None
-        self._where = "before training"
+        self._where, self._step = "before training", 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True,
                                         name="hetgrad-watchdog")
@@ -44,13 +44,13 @@ class StepWatchdog(keras.callbacks.Callback):
     def beat(self, where: str | None = None) -> None:
         self._last = time.monotonic()
         if where is not None:
-            self._where = where
+            self._where, self._step = where, 0
 
     def on_epoch_begin(self, epoch, logs=None):
         self.beat(f"epoch {epoch + 1}")
 
-    def on_train_batch_end(self, batch, logs=None):
-        self.beat(f"{self._where.split(',')[0]}, after step {batch + 1}")
+    def on_train_batch_end(self, batch, logs=None):   # per step: a clock read, no strings
+        self._last, self._step = time.monotonic(), batch + 1
 
     def on_test_batch_end(self, batch, logs=None):
         self.beat()
@@ -65,7 +65,8 @@ class StepWatchdog(keras.callbacks.Callback):
         while not self._stop.wait(1.0):
             last = self._last
             if last is not None and time.monotonic() - last > self.timeout:
-                self.on_timeout(f"no progress for {self.timeout:g}s at {self._where}: a rank "
+                where = self._where + (f", after step {self._step}" if self._step else "")
+                self.on_timeout(f"no progress for {self.timeout:g}s at {where}: a rank "
                                 "is stuck or far slower than the others (Horovod's stall "
                                 "warning above names the ranks it waits for); raise "
                                 "--step-timeout if a step or a checkpoint takes this long")
