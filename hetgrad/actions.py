@@ -124,13 +124,15 @@ class Sparse(Action):
 
 class Checkpointing(Action):
     """Rank 0 saves model, optimizer, plan in effect and every rank's exchange state (the
-    sparse memory of the optimizer's reducer, gathered to rank 0)."""
+    sparse memory of the optimizer's reducer, gathered to rank 0): when due, after the last
+    epoch, and when the ranks were asked to stop (:mod:`hetgrad.preempt`)."""
 
     def __init__(self, checkpointer):
         self.checkpointer = checkpointer
 
     def on_epoch_end(self, job, epoch, row):
-        if not self.checkpointer.due(epoch + 1, last=epoch + 1 == job.num_epochs):
+        last = epoch + 1 == job.num_epochs or job.stop_requested
+        if not self.checkpointer.due(epoch + 1, last):
             return
         per_rank = None
         if job.reducer is not None:
@@ -139,7 +141,8 @@ class Checkpointing(Action):
         self.checkpointer.save(epoch + 1, per_rank, plan=job.plan.to_dict())
 
     def on_train_end(self, job):
-        self.checkpointer.save_final_weights()
+        if not job.stop_requested:
+            self.checkpointer.save_final_weights()
 
 
 class Watchdog(Action):

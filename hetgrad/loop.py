@@ -2,11 +2,13 @@
 the plan in effect, with the actions' hooks before, inside (Keras callbacks) and after it."""
 from __future__ import annotations
 
+import sys
 import time
 from typing import TYPE_CHECKING
 
 import tensorflow as tf
 
+from . import preempt
 from .compat import keras
 from .errors import NonFiniteGradientError
 from .aggregate import NONFINITE
@@ -29,21 +31,45 @@ class _EpochClock(keras.callbacks.Callback):
 
 def run_epochs(job: "Run", actions: "list[Action]") -> float:
     """Train from ``job.start_epoch`` to ``job.num_epochs`` (or until a callback sets
-    ``model.stop_training``, e.g. early stopping); returns the wall time."""
+    ``model.stop_training``, e.g. early stopping); returns the wall time. A stop request
+    (:mod:`hetgrad.preempt`) ends it after the epoch's checkpoint with
+    :class:`~hetgrad.preempt.Preempted` on every rank."""
     broadcast = hk_callbacks.BroadcastGlobalVariablesCallback(0)  # once, at the start
     t0 = time.perf_counter()
-    for epoch in range(job.start_epoch, job.num_epochs):
-        for action in actions:
-            action.on_epoch_begin(job, epoch)
-        row = _fit_epoch(job, epoch, [broadcast, *(c for a in actions for c in a.callbacks(job))])
-        for action in actions:
-            action.on_epoch_end(job, epoch, row)
-        job.epochs.append(row)
-        if any(job.comm.allgather(bool(job.model.stop_training))):  # all ranks stop together
-            break
+    with preempt.listening():
+        for epoch in range(job.start_epoch, job.num_epochs):
+            for action in actions:
+                action.on_epoch_begin(job, epoch)
+            callbacks = [broadcast, *(c for a in actions for c in a.callbacks(job))]
+            row = _fit_epoch(job, epoch, callbacks)
+            early, asked = _agree_on_stopping(job)
+            job.stop_requested = asked and not early and epoch + 1 < job.num_epochs
+            for action in actions:
+                action.on_epoch_end(job, epoch, row)
+            job.epochs.append(row)
+            if early or job.stop_requested:
+                break
     for action in actions:
         action.on_train_end(job)
+    if job.stop_requested:
+        raise preempt.Preempted(job.epochs[-1]["epoch"], job.num_epochs,
+                                str(job.checkpointer.dir), job.rank)
     return time.perf_counter() - t0
+
+
+def _agree_on_stopping(job: "Run") -> tuple[bool, bool]:
+    """One allgather per epoch, so every rank stops together: whether any rank's model set
+    ``stop_training`` (early stopping) and whether any rank was asked to stop. A request with
+    no checkpoint directory to save to is ignored (rank 0 says so)."""
+    flags = job.comm.allgather((bool(job.model.stop_training), preempt.requested()))
+    early, asked = any(f[0] for f in flags), any(f[1] for f in flags)
+    if asked and (job.checkpointer is None or job.checkpointer.dir is None):
+        preempt.clear()
+        if job.rank == 0:
+            print(f"hetgrad: warning: {preempt.STOP_SIGNAL.name} ignored: no checkpoint "
+                  "directory to save to", file=sys.stderr, flush=True)
+        asked = False
+    return early, asked
 
 
 def _fit_epoch(job: "Run", epoch: int, callbacks: list) -> dict:

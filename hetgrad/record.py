@@ -16,7 +16,8 @@ from .partition import Plan
 SPARSE_KEYS = ("k", "union", "buildup", "bytes_sent", "bytes_received")
 
 
-def build_record(*, config: dict, world_size: int, device: str, controller: str, probe: Sequence[dict],
+def build_record(*, config: dict, world_size: int, device: str, controller: str,
+                 ranks: Sequence[dict], probe: Sequence[dict],
                  probe_time_s: float, first_plan: Plan, final_plan: Plan,
                  epochs: Sequence[dict], wall_time_s: float,
                  per_rank_epoch_times_s: Sequence[Sequence[float]], balance: Sequence[dict],
@@ -27,14 +28,15 @@ def build_record(*, config: dict, world_size: int, device: str, controller: str,
     ``samples_per_s`` is the samples trained per epoch over the median epoch time (without
     the first epoch, which traces the step, when there are more);
     ``throughput_efficiency`` divides it by the sum of the probed rates (what perfect balance
-    with no communication would reach)."""
+    with no communication would reach). ``ranks``: where each rank ran
+    (:func:`hetgrad.placement.here`)."""
     times = [row["time_s"] for row in epochs]
     median = float(statistics.median(times[1:] if len(times) > 1 else times))
     achieved = (final_plan.dataset_size - final_plan.dropped) / median
     ideal = sum(p["samples_per_s"] for p in probe)
     record = {
         "config": dict(config), "world_size": world_size, "device": device,
-        "controller": controller,
+        "controller": controller, "ranks": list(ranks),
         "plan": first_plan.to_dict(), "final_plan": final_plan.to_dict(),
         "probe": list(probe), "probe_time_s": probe_time_s,
         "epochs": list(epochs), "wall_time_s": wall_time_s,

@@ -30,6 +30,7 @@ class Run:
     start_epoch: int         # epochs already done (resumed from a checkpoint)
     epochs: list[dict]
     validation: Any = None   # ``model.fit``'s validation_data, scored on every rank
+    stop_requested = False   # agreed at the last epoch end (:mod:`hetgrad.preempt`)
 
     @property
     def rank(self) -> int:

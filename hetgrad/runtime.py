@@ -72,6 +72,8 @@ def fail_fast(flags: dict[str, str] | None = None):
     except BaseException as exc:  # noqa: BLE001 - we report and abort on anything
         if isinstance(exc, KeyboardInterrupt):
             exc = Interrupted(signal.SIGINT)
+        if _signalled is not None:   # raised in the handler, maybe wrapped (e.g. by autograph)
+            exc = Interrupted(_signalled)
         code = getattr(exc, "exit_code", 2 if isinstance(exc, HetgradError) else 1)
         rank, size = _rank_size()
         if isinstance(exc, AgreedError):  # every rank raised it: no rank is left waiting
@@ -90,10 +92,15 @@ def fail_fast(flags: dict[str, str] | None = None):
         sys.exit(code)
 
 
+_signalled: int | None = None   # the signal that :func:`_raise_on_signals` turned into an error
+
+
 def _raise_on_signals() -> None:
     """SIGTERM (and SIGINT) raise :class:`Interrupted` at the rank's next Python step, so it
     ends with a hetgrad line and the launcher's other ranks are taken down with it."""
     def handler(signum, frame):
+        global _signalled
+        _signalled = signum
         raise Interrupted(signum)
     for sig in (signal.SIGTERM, signal.SIGINT):
         try:

@@ -11,7 +11,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from . import data as data_mod, models, probe
+from . import data as data_mod, models, placement, probe
 from .actions import Action, Balance, Checkpointing, Emulation, Evaluation, Sparse, Watchdog
 from .checkpoint import Checkpointer
 from .compat import keras
@@ -209,11 +209,12 @@ def finish(job: Job, wall_time_s: float, balance: list[dict]) -> dict:
     times = job.comm.gather([row["time_s"] for row in job.epochs], root=0)
     sparse = isinstance(job.reducer, SparseReducer)
     nbytes = job.comm.gather(sparse_bytes(job.sparse_steps) if sparse else None, root=0)
+    ranks = job.comm.gather(placement.here(job.device), root=0)
     if job.rank != 0:
         return {}
     record = build_record(
         config=job.cfg.to_dict(), world_size=job.size, device=job.device,
-        controller=job.comm.kind,
+        controller=job.comm.kind, ranks=ranks,
         probe=[asdict(p) for p in job.probe], probe_time_s=job.probe_time_s,
         first_plan=job.first_plan, final_plan=job.plan, epochs=job.epochs,
         wall_time_s=wall_time_s, per_rank_epoch_times_s=times, balance=balance,

@@ -13,7 +13,7 @@ def rows(times, accs):
 def record(**kw):
     plan = make_plan([1, 3], 96, 1000)
     args = dict(config={"mode": "weighted"}, world_size=2, device="/CPU:0", controller="mpi",
-                probe=[{"samples_per_s": 100.0}, {"samples_per_s": 300.0}], probe_time_s=1.5,
+                ranks=[{"node": None}, {"node": None}], probe=[{"samples_per_s": 100.0}, {"samples_per_s": 300.0}], probe_time_s=1.5,
                 first_plan=plan, final_plan=plan, epochs=rows([4.0, 2.0, 2.5], [0.5, 0.8, 0.7]),
                 wall_time_s=9.0, per_rank_epoch_times_s=[[4.0, 2.0, 2.5], [3.9, 1.9, 2.6]],
                 balance=[])
@@ -50,3 +50,21 @@ def test_sparse_summary_is_the_mean_over_steps():
     rec = record(sparse_steps=steps, sparse_bytes_per_rank=[sparse_bytes(steps)] * 2)
     assert rec["sparse_summary"]["union"] == 20 and rec["sparse_summary"]["buildup"] == 2.0
     assert rec["sparse_bytes_per_rank"][0] == {"bytes_sent": 4800, "bytes_received": 2400}
+
+
+HETSTEP = {"SLURM_NTASKS_HET_GROUP_0": "1", "SLURM_NTASKS_HET_GROUP_1": "2",
+           "SLURM_STEP_NUM_TASKS": "3"}
+
+
+@pytest.mark.parametrize("env,expected", [
+    ({**HETSTEP, "SLURM_PROCID": "0"}, 0),
+    ({**HETSTEP, "SLURM_PROCID": "1"}, 1),
+    ({**HETSTEP, "SLURM_PROCID": "2"}, 1),
+    ({**HETSTEP, "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "2"}, None),  # one component's step
+    ({"SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "3"}, None),            # not a hetjob
+    ({**HETSTEP, "SLURM_PROCID": "2", "HETGRAD_COMPONENT": "0"}, 0),       # said explicitly
+])
+def test_hetjob_component_of_a_task(env, expected):
+    from hetgrad.placement import component, here
+    assert component(env) == expected
+    assert here("/CPU:0", {**env, "SLURMD_NODENAME": "cpu1"})["node"] == "cpu1"

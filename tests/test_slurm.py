@@ -1,77 +1,237 @@
-"""slurm/*.sbatch against a real (local, one-machine) Slurm: sbatch --wait, then check the JSON."""
+"""slurm/*.sbatch on a real Slurm: the private one-machine cluster of scripts/local_slurm.sh
+(munged, slurmctld, slurmd "gpu1" and "cpu1"), started for this module in a directory of its
+own and stopped at its end."""
 import json
 import os
 import shutil
 import subprocess
+import time
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 from conftest import ROOT
 
+LOCAL_SLURM = str(ROOT / "scripts/local_slurm.sh")
+VENV = str(ROOT / ".venv")
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("slurmctld") is None or os.geteuid() != 0,
+    reason="needs Slurm and munge (scripts/setup.sh installs them) and root (slurmd)")
+
+
+def local_slurm(command: str, directory: Path) -> subprocess.CompletedProcess:
+    p = subprocess.run([LOCAL_SLURM, command], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "HETGRAD_SLURM_DIR": str(directory)})
+    assert p.returncode == 0, p.stdout + p.stderr
+    return p
+
+
+def exported(start_output: str) -> dict:
+    """The variables of `local_slurm.sh start`'s `export NAME=value` lines."""
+    return dict(line[len("export "):].split("=", 1) for line in start_output.splitlines())
+
+
+def our_daemons(directory: Path) -> list[int]:
+    """Processes whose command line names the cluster's directory (munged, slurm daemons)."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if str(directory).encode() in (proc / "cmdline").read_bytes():
+                found.append(int(proc.name))
+        except OSError:
+            pass
+    return found
+
+
+SYSTEM_PLACES = ("/etc/slurm", "/etc/munge", "/var/spool/slurmd", "/var/spool/slurmctld",
+                 "/var/spool/slurm", "/var/log/slurm", "/var/log/munge", "/run/munge",
+                 "/var/lib/munge", "/run/slurm")
+
+
+def snapshot() -> dict:
+    """Every file under the places a system Slurm and munge use, with mtime and size."""
+    files = {}
+    for place in map(Path, SYSTEM_PLACES):
+        for f in [place, *place.rglob("*")] if place.exists() else []:
+            st = f.lstat()
+            files[str(f)] = (st.st_mtime_ns, st.st_size)
+    return files
+
+
+def test_local_cluster_keeps_to_its_directory(tmp_path):
+    site = Path("/etc/slurm/slurm.conf")
+    made = not site.exists()
+    if made:   # a site configuration that must stay as it is
+        site.parent.mkdir(parents=True, exist_ok=True)
+        site.write_text("# a site's slurm.conf (fake, made by tests/test_slurm.py)\n")
+    before, text = snapshot(), site.read_bytes()
+    bystander = subprocess.Popen([shutil.copy("/bin/sleep", tmp_path / "slurmd"), "300"])
+    directory = tmp_path / "cluster"
+    try:
+        env = exported(local_slurm("start", directory).stdout)
+        assert env["SLURM_CONF"] == str(directory / "slurm.conf")
+        nodes = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T %f"], capture_output=True,
+                               text=True, env={**os.environ, **env}).stdout.split("\n")
+        assert {"gpu1 idle gpu", "cpu1 idle cpu"} <= set(nodes), nodes
+        daemons = our_daemons(directory)
+        assert len(daemons) == 4, daemons            # munged, slurmctld, two slurmd
+        assert "already running" in local_slurm("start", directory).stderr
+        assert our_daemons(directory) == daemons
+        local_slurm("stop", directory)
+        assert our_daemons(directory) == []
+        local_slurm("stop", directory)                # a second stop is harmless
+        local_slurm("start", directory)
+        assert len(our_daemons(directory)) == 4
+        local_slurm("stop", directory)
+        assert our_daemons(directory) == []
+        assert bystander.poll() is None, "stop ended a process it did not start"
+    finally:
+        subprocess.run([LOCAL_SLURM, "stop"], env={**os.environ, "HETGRAD_SLURM_DIR": str(directory)},
+                       capture_output=True, timeout=120)
+        bystander.kill()
+        after, text_after = snapshot(), site.read_bytes()
+        if made:
+            site.unlink()
+    assert text_after == text
+    assert after == before, set(after.items()) ^ set(before.items())
+
 
 @pytest.fixture(scope="module")
-def slurm():
-    if shutil.which("sbatch") is None:
-        pytest.skip("Slurm is not installed (scripts/setup.sh installs slurm-wlm)")
-    up = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True)
-    if up.returncode != 0 or "idle" not in up.stdout and "mix" not in up.stdout:
-        if os.geteuid() != 0:
-            pytest.skip("no running Slurm and not root, cannot start scripts/local_slurm.sh")
-        start = subprocess.run([str(ROOT / "scripts/local_slurm.sh"), "start"],
-                               capture_output=True, text=True, timeout=120)
-        assert start.returncode == 0, start.stdout + start.stderr
-        yield
-        subprocess.run([str(ROOT / "scripts/local_slurm.sh"), "stop"], timeout=60)
-        return
-    yield
+def slurm(tmp_path_factory):
+    """The environment that submits to a private cluster running for this module."""
+    directory = tmp_path_factory.mktemp("slurm")
+    env = exported(local_slurm("start", directory).stdout)
+    yield {"HETGRAD_VENV": VENV, **env}
+    local_slurm("stop", directory)
 
 
-def sbatch(args, env, cwd):
-    return subprocess.run(["sbatch", "--wait", f"--chdir={cwd}", *args], capture_output=True,
-                          text=True, timeout=600, env={**os.environ, **env})
+def sbatch(env: dict, cwd: Path, args: list, wait: bool = True) -> tuple[int, str]:
+    """Submit with `--output` in ``cwd``; the job's exit code (with ``wait``) or its id,
+    and (with ``wait``) the job's output."""
+    p = subprocess.run(["sbatch", "--wait" if wait else "--parsable", f"--chdir={cwd}",
+                        "--output", str(cwd / "out-%j.txt"), *map(str, args)],
+                       capture_output=True, text=True, timeout=600, env={**os.environ, **env})
+    if not wait:
+        assert p.returncode == 0, p.stderr
+        return int(p.stdout.strip().split(";")[0]), ""
+    return p.returncode, p.stderr + "\n".join(f.read_text() for f in cwd.glob("out-*.txt"))
+
+
+ON_GPU1 = ["--nodes=1", "--overcommit", "--ntasks=3", "-w", "gpu1"]
 
 
 def test_train_sbatch_runs_and_reuses_probe(slurm, tmp_path):
-    env = {"HETGRAD_VENV": str(ROOT / ".venv"), "HETGRAD_EPOCHS": "3",
-           "HETGRAD_JOB_DIR": str(tmp_path / "job"), "HETGRAD_EXTRA": "--emulate-speeds 1,2,4"}
-    args = ["--nodes=1", "--overcommit", "--ntasks=3", "-w", "gpu1",
-            "--output", str(tmp_path / "out-%j.txt"), str(ROOT / "slurm/train.sbatch")]
-    p = sbatch(args, env, tmp_path)
-    log = "\n".join(f.read_text() for f in tmp_path.glob("out-*.txt"))
-    assert p.returncode == 0, p.stderr + log[-3000:]
+    env = {**slurm, "HETGRAD_EPOCHS": "3", "HETGRAD_JOB_DIR": str(tmp_path / "job"),
+           "HETGRAD_EXTRA": "--emulate-speeds 1,2,4"}
+    rc, log = sbatch(env, tmp_path, [*ON_GPU1, ROOT / "slurm/train.sbatch"])
+    assert rc == 0, log[-3000:]
     rec = json.loads((tmp_path / "job/run.json").read_text())
     assert sum(rec["plan"]["batches"]) == rec["plan"]["global_batch"] == 96
     assert len(rec["epochs"]) == 3 and rec["world_size"] == 3
     assert rec["plan"]["batches"][0] < rec["plan"]["batches"][2]  # rank 2 emulated 4x faster
-    # a restart in the same allocation reuses the probe instead of probing again
-    for f in tmp_path.glob("out-*.txt"):
-        f.unlink()
-    p = sbatch(args, env, tmp_path)
-    log = "\n".join(f.read_text() for f in tmp_path.glob("out-*.txt"))
-    assert p.returncode == 0, p.stderr + log[-3000:]
-    assert "reusing" in log and "probe.json" in log
+    assert [r["node"] for r in rec["ranks"]] == ["gpu1"] * 3
+    # a new submission with the same job directory and allocation reuses the probe; its
+    # training is done, so it asks for more epochs instead of training again
+    rc, log = sbatch({**env, "HETGRAD_EPOCHS": "4"}, tmp_path,
+                     [*ON_GPU1, ROOT / "slurm/train.sbatch"])
+    assert rc == 0, log[-3000:]
+    assert "reusing" in log and "resuming from" in log, log[-3000:]
+    assert [e["epoch"] for e in json.loads((tmp_path / "job/run.json").read_text())["epochs"]] == [4]
 
 
 def test_train_sbatch_runs_a_user_script(slurm, tmp_path):
-    env = {"HETGRAD_VENV": str(ROOT / ".venv"), "HETGRAD_JOB_DIR": str(tmp_path / "job"),
+    env = {**slurm, "HETGRAD_JOB_DIR": str(tmp_path / "job"),
            "HETGRAD_SCRIPT": str(ROOT / "examples/fit_tabular.py"),
            "HETGRAD_EMULATE_SPEEDS": "1,2,4", "HETGRAD_EMULATE_UNIT": "2e-3"}
-    args = ["--nodes=1", "--overcommit", "--ntasks=3", "-w", "gpu1",
-            "--output", str(tmp_path / "out-%j.txt"), str(ROOT / "slurm/train.sbatch"),
-            "--epochs", "2", "--checkpoint-dir", str(tmp_path / "job/ckpt")]
-    p = sbatch(args, env, tmp_path)
-    log = "\n".join(f.read_text() for f in tmp_path.glob("out-*.txt"))
-    assert p.returncode == 0, p.stderr + log[-3000:]
+    rc, log = sbatch(env, tmp_path, [*ON_GPU1, ROOT / "slurm/train.sbatch", "--epochs", "2",
+                                     "--checkpoint-dir", tmp_path / "job/ckpt"])
+    assert rc == 0, log[-3000:]
     assert "trained epochs 1..2" in log and "replicas agree: True" in log, log[-3000:]
     assert (tmp_path / "job/ckpt/state.json").is_file()
 
 
-def test_hetjob_sbatch_is_accepted(slurm, tmp_path):
-    # A two-component hetjob is schedulable here (gpu1 + cpu1 features), but its MPI step cannot
-    # start on one host (pmix: shared appdir; pmi2: Debian's Open MPI lacks PMI-2), so only
-    # the submission is validated; see docs/slurm.md.
-    p = subprocess.run(["sbatch", "--test-only", f"--chdir={tmp_path}",
-                        str(ROOT / "slurm/hetjob.sbatch")], capture_output=True, text=True,
-                       timeout=60)
-    assert p.returncode == 0, p.stderr
-    assert "to start at" in p.stderr and "cpu1" in p.stderr and "gpu1" in p.stderr
+def test_hetjob_runs_one_world_across_both_components(slurm, tmp_path):
+    env = {**slurm, "HETGRAD_EPOCHS": "2", "HETGRAD_JOB_DIR": str(tmp_path / "job"),
+           "HETGRAD_DEVICE_0": "auto",   # component 0 asks for a GPU; this machine has none
+           "HETGRAD_EXTRA": "--emulate-speeds 4,1,1"}
+    rc, log = sbatch(env, tmp_path, [ROOT / "slurm/hetjob.sbatch"])
+    assert rc == 0, log[-3000:]
+    rec = json.loads((tmp_path / "job/run.json").read_text())
+    assert rec["world_size"] == 3
+    assert [(r["node"], r["component"]) for r in rec["ranks"]] == \
+        [("gpu1", 0), ("cpu1", 1), ("cpu1", 1)]
+    batches = rec["plan"]["batches"]
+    assert sum(batches) == 96 and batches[0] > 2 * max(batches[1:])  # the fast component
+
+
+# --- requeue ---------------------------------------------------------------------------------
+
+def job_field(env: dict, job: int, name: str) -> str:
+    out = subprocess.run(["scontrol", "-o", "show", "job", str(job)], capture_output=True,
+                         text=True, env={**os.environ, **env}).stdout
+    return next((w.split("=", 1)[1] for w in out.split() if w.startswith(name + "=")), "")
+
+
+def saved_epoch(job_dir: Path) -> int:
+    try:
+        return json.loads((job_dir / "ckpt/state.json").read_text())["epoch"]
+    except (OSError, ValueError):
+        return 0
+
+
+def wait_for(what, condition, timeout: float = 240):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.5)
+
+
+def start_now(env: dict, job: int) -> None:
+    """A requeued job waits ~2 min (Slurm's begin-time hold); let it start at once."""
+    wait_for(f"job {job} pending again", lambda: job_field(env, job, "JobState") == "PENDING")
+    subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now"],
+                   capture_output=True, env={**os.environ, **env})
+
+
+def test_requeued_job_ends_with_the_weights_of_an_uninterrupted_one(slurm, tmp_path):
+    """Stopped twice -- SIGUSR1 (what --signal sends before the time limit: checkpoint,
+    exit 75, the script requeues itself) and `scontrol requeue` (SIGTERM mid-epoch) -- the
+    job resumes each time and ends with the same weights as a run nobody stopped."""
+    epochs = 8
+    job_dir = tmp_path / "requeued"
+    env = {**slurm, "HETGRAD_EPOCHS": str(epochs), "HETGRAD_EXTRA": "--emulate-speeds 1,2,4",
+           "HETGRAD_JOB_DIR": str(job_dir)}
+    (tmp_path / "a").mkdir()
+    job, _ = sbatch(env, tmp_path / "a", [*ON_GPU1, ROOT / "slurm/train.sbatch"], wait=False)
+    wait_for("the first checkpoint", lambda: saved_epoch(job_dir) >= 1)
+    subprocess.run(["scancel", "--signal=USR1", str(job)], env={**os.environ, **env}, check=True)
+    start_now(env, job)
+    stopped_at = saved_epoch(job_dir)
+    wait_for("a checkpoint after the resume", lambda: saved_epoch(job_dir) > stopped_at)
+    subprocess.run(["scontrol", "requeue", str(job)], env={**os.environ, **env}, check=True)
+    start_now(env, job)
+    wait_for("the job's end", lambda: job_field(env, job, "JobState") in
+             ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), timeout=300)
+    log = "\n".join(f.read_text() for f in (tmp_path / "a").glob("out-*.txt"))
+    assert job_field(env, job, "JobState") == "COMPLETED", log[-3000:]
+    assert job_field(env, job, "Restarts") == "2"
+    assert f"stopped by SIGUSR1 after epoch {stopped_at}/{epochs}" in log, log[-3000:]
+    assert "requeueing job" in log and log.count("resuming from") == 2, log[-3000:]
+    assert saved_epoch(job_dir) == epochs
+
+    # the same job, nobody stopping it, on the same probe (so the same plan)
+    ref_dir = tmp_path / "uninterrupted"
+    ref_dir.mkdir()
+    for name in ("probe.json", "allocation"):
+        shutil.copy(job_dir / name, ref_dir / name)
+    (tmp_path / "b").mkdir()
+    rc, log = sbatch({**env, "HETGRAD_JOB_DIR": str(ref_dir)}, tmp_path / "b",
+                     [*ON_GPU1, ROOT / "slurm/train.sbatch"])
+    assert rc == 0 and "reusing" in log, log[-3000:]
+    with np.load(job_dir / "ckpt/final_weights.npz") as a, \
+            np.load(ref_dir / "ckpt/final_weights.npz") as b:
+        assert a.files == b.files
+        for k in a.files:
+            np.testing.assert_allclose(a[k], b[k], rtol=0, atol=1e-6)

@@ -1,0 +1,65 @@
+"""Stop on request with a checkpoint: SIGUSR1 (Slurm's ``--signal=USR1@<seconds>`` before the
+time limit, or ``kill -USR1`` of a launcher that forwards it) asks every rank to finish the
+epoch, save a checkpoint and exit with :data:`EXIT_REQUEUE`, so the job script can requeue
+itself and the next run resumes (``slurm/train.sbatch`` does).
+
+A signal reaches the ranks at different steps, so the request only takes effect at an epoch
+end, where the loop's one per-epoch allgather (:func:`hetgrad.loop.run_epochs`) makes every
+rank agree on it.
+"""
+from __future__ import annotations
+
+import signal
+import sys
+from contextlib import contextmanager
+
+STOP_SIGNAL = signal.SIGUSR1
+EXIT_REQUEUE = 75   # EX_TEMPFAIL: "try again later"
+
+_requested = False
+
+
+def requested() -> bool:
+    """Whether this rank got :data:`STOP_SIGNAL` since :func:`listening` began."""
+    return _requested
+
+
+def clear() -> None:
+    """Forget a request (one that cannot be honoured)."""
+    global _requested
+    _requested = False
+
+
+@contextmanager
+def listening():
+    """Record :data:`STOP_SIGNAL` instead of dying of it (its default action) while inside;
+    nothing is installed outside the main thread."""
+    global _requested
+    _requested = False
+
+    def note(signum, frame):
+        global _requested
+        _requested = True
+    try:
+        previous = signal.signal(STOP_SIGNAL, note)
+    except ValueError:   # not the main thread: leave the signal alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(STOP_SIGNAL, previous)
+
+
+class Preempted(SystemExit):
+    """Raised on every rank together once the stop request's checkpoint is saved: the
+    process exits with :data:`EXIT_REQUEUE` unless a script catches it. Rank 0 says where
+    the checkpoint is."""
+
+    def __init__(self, epoch: int, num_epochs: int, directory: str, rank: int):
+        self.epoch, self.directory = epoch, directory
+        if rank == 0:
+            print(f"hetgrad: stopped by {STOP_SIGNAL.name} after epoch {epoch}/{num_epochs}; "
+                  f"checkpoint in {directory}, resume to continue (exit {EXIT_REQUEUE})",
+                  file=sys.stderr, flush=True)
+        super().__init__(EXIT_REQUEUE)
