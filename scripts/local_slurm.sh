@@ -12,7 +12,8 @@
 # through SLURM_CONF), the munge key and socket (slurm.conf's AuthInfo names it), state, spool,
 # logs, pid files and per-node TmpFS (PMIx puts a step's spmix_appdir there; one shared /tmp
 # would make the two slurmd of a hetjob step collide). It never reads or writes /etc/slurm or
-# /etc/munge, picks free ports, and stops processes by its own pid files only.
+# /etc/munge, picks free ports, and stops processes by its own pid files only. A requeued job
+# waits cred_expire + 1 s before it starts again: 31 s here (Slurm's default is 121 s).
 # `start` and `stop` are idempotent. Diagnostics go to stderr, export lines to stdout.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -94,7 +95,7 @@ SlurmUser=$(id -un)
 SlurmdUser=$(id -un)
 SlurmctldPort=$port
 AuthType=auth/munge
-AuthInfo=socket=$DIR/munge/munge.socket
+AuthInfo=socket=$DIR/munge/munge.socket,cred_expire=30
 CredType=cred/munge
 PlugStackConfig=$DIR/plugstack.conf
 StateSaveLocation=$DIR/state
@@ -113,6 +114,7 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 ReturnToService=2
 KillWait=10
+SchedulerParameters=sched_interval=5
 MpiDefault=none
 CONF
   for i in "${!NODES[@]}"; do

@@ -104,3 +104,39 @@ def test_stuck_rank_hits_the_step_timeout(tmp_path):
     err = _ended(proc, t0)
     assert "hetgrad: error on rank 0/2: --step-timeout: no progress for 8s" in err, err[-3000:]
     _resumes(tmp_path, ckpt)
+
+
+def test_sigusr1_checkpoints_at_the_epoch_end_and_exits_75(tmp_path):
+    """What Slurm's --signal=USR1@T sends before the time limit (mpirun forwards it)."""
+    proc, ckpt = _start(tmp_path)
+    proc.send_signal(signal.SIGUSR1)
+    _, err = proc.communicate(timeout=90)
+    assert proc.returncode == 75, err[-3000:]
+    epoch = json.loads((ckpt / "state.json").read_text())["epoch"]
+    assert f"hetgrad: stopped by SIGUSR1 after epoch {epoch}/400; checkpoint in {ckpt}" in err
+    assert not (ckpt / "final_weights.npz").exists()
+    _resumes(tmp_path, ckpt)
+
+
+class _World:
+    rank, size = 0, 2
+
+    def __init__(self, flags):
+        self.flags = flags
+
+    def allgather(self, mine):
+        return self.flags
+
+
+@pytest.mark.parametrize("flags,checkpoint_dir,expected", [
+    ([(False, False), (False, True)], "ckpt", (False, True)),    # one rank asked: all stop
+    ([(True, False), (False, False)], "ckpt", (True, False)),    # early stopping somewhere
+    ([(False, True), (False, True)], None, (False, False)),      # nowhere to save: ignored
+])
+def test_ranks_agree_on_stopping(flags, checkpoint_dir, expected, capsys):
+    from types import SimpleNamespace
+    from hetgrad.loop import _agree_on_stopping
+    job = SimpleNamespace(comm=_World(flags), rank=0, model=SimpleNamespace(stop_training=False),
+                          checkpointer=SimpleNamespace(dir=checkpoint_dir))
+    assert _agree_on_stopping(job) == expected
+    assert ("SIGUSR1 ignored" in capsys.readouterr().err) == (checkpoint_dir is None)
