@@ -18,7 +18,6 @@ from .compat import keras
 from .config import TrainConfig
 from .emulate import parse_schedule
 from .errors import ConfigError
-from .io import write_json
 from .keras import DistributedOptimizer, count_samples
 from .loop import run_epochs
 from .partition import Plan, equal_plan, make_plan
