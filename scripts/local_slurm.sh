@@ -25,11 +25,12 @@ say() { echo "local_slurm: $*" >&2; }
 die() { say "error: $*"; exit 1; }
 
 # --- processes, by pid file ------------------------------------------------------------
-pid_of() {   # the live pid recorded in pid file $1 whose command is $2, else nothing
+pid_of() {   # the pid in pid file $1 if it still runs our $2 (named so, started with our dir)
   local f=$1 name=$2 pid
   [ -s "$f" ] || return 0
   pid=$(tr -dc 0-9 < "$f")
-  [ -n "$pid" ] && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$name" ] && echo "$pid"
+  [ -n "$pid" ] && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$name" ] \
+    && tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -qF "$DIR/" && echo "$pid"
   return 0
 }
 

@@ -62,7 +62,7 @@ def snapshot() -> dict:
 
 def test_local_cluster_keeps_to_its_directory(tmp_path):
     site = Path("/etc/slurm/slurm.conf")
-    made = not site.exists()
+    made, made_dir = not site.exists(), not site.parent.exists()
     if made:   # a site configuration that must stay as it is
         site.parent.mkdir(parents=True, exist_ok=True)
         site.write_text("# a site's slurm.conf (fake, made by tests/test_slurm.py)\n")
@@ -94,6 +94,8 @@ def test_local_cluster_keeps_to_its_directory(tmp_path):
         after, text_after = snapshot(), site.read_bytes()
         if made:
             site.unlink()
+        if made_dir:
+            site.parent.rmdir()
     assert text_after == text
     assert after == before, set(after.items()) ^ set(before.items())
 
