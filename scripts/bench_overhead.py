@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Step time of hetgrad's weighted exchange against Horovod's own ``DistributedOptimizer``
 (``op=Average``), for ``plan``, ``samples`` and float weights, with the finite check and
-busy/wait timers on (the default) and off.
+busy/wait timers on (the default) and off, or one of them alone.
 
 Run under MPI with Keras 2 (Horovod's Keras optimizer does not aggregate under Keras 3):
 
@@ -46,9 +46,9 @@ def build(kind: str, args, plan, hvd, hk, tf):
         from hetgrad.aggregate import DenseReducer
         reducer = DenseReducer(grouped=how == ["grouped"])
         opt = hk.DistributedOptimizer(base, weight=WEIGHTS[weight] or 1.0 / hvd.size(),
-                                      plan=plan, check_finite=mode == "checked",
+                                      plan=plan, check_finite=mode in ("checked", "finite"),
                                       reducer=reducer)
-        if mode == "bare":
+        if mode in ("bare", "finite"):
             hk.aggregation_of(opt).timer = None
     model.compile(optimizer=opt, loss=tf.keras.losses.SparseCategoricalCrossentropy(True),
                   steps_per_execution=args.steps_per_execution)
@@ -120,7 +120,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20, help="steps per block")
     ap.add_argument("--steps-per-execution", type=int, default=10)
     ap.add_argument("--arms", default=",".join(arms()),
-                    help="comma-separated: horovod, WEIGHT-checked|bare[-grouped]")
+                    help="comma-separated: horovod, WEIGHT-MODE[-grouped]; MODE: checked "
+                         "(finite check + timers), bare (neither), finite, timed (one)")
     ap.add_argument("--out")
     args = ap.parse_args()
     if args.table:
