@@ -45,9 +45,10 @@ def our_daemons(directory: Path) -> list[int]:
     return found
 
 
+# where a system Slurm and munge keep configuration, keys, state and sockets (not munge's log
+# and seed: a system munged running next to the test may write them itself)
 SYSTEM_PLACES = ("/etc/slurm", "/etc/munge", "/var/spool/slurmd", "/var/spool/slurmctld",
-                 "/var/spool/slurm", "/var/log/slurm", "/var/log/munge", "/run/munge",
-                 "/var/lib/munge", "/run/slurm")
+                 "/var/spool/slurm", "/var/log/slurm", "/run/munge", "/run/slurm")
 
 
 def snapshot() -> dict:
