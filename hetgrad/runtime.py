@@ -88,7 +88,7 @@ def fail_fast(flags: dict[str, str] | None = None):
         text = exc.render(flags) if isinstance(exc, HetgradError) else str(exc)
         print(f"hetgrad: error{where}: {text}", file=sys.stderr, flush=True)
         if size > 1:
-            _abort(code)
+            abort(code)
         sys.exit(code)
 
 
@@ -127,7 +127,7 @@ def agree(comm: Comm, check: Callable[[], T]) -> T:
     return result
 
 
-def _abort(code: int) -> None:
+def abort(code: int) -> None:
     """End every rank: through the world in use, else the launcher's (MPI, or Gloo's exit)."""
     if _WORLD is not None:
         _WORLD.abort(code)

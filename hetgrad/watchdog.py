@@ -78,8 +78,8 @@ def abort_all(rank: int, size: int) -> Callable[[str], None]:
     def fire(message: str) -> None:
         where = f" on rank {rank}/{size}" if size > 1 else ""
         print(f"hetgrad: error{where}: --step-timeout: {message}", file=sys.stderr, flush=True)
-        from .runtime import _abort
+        from .runtime import abort
         if size > 1:
-            _abort(3)
+            abort(3)
         os._exit(3)
     return fire
