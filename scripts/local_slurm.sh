@@ -141,12 +141,12 @@ start() {
     "$n_daemons") say "already running ($DIR)"; exports; return 0 ;;
     *) say "some daemons are down; restarting"; stop ;;
   esac
+  [ ${#DIR} -lt 80 ] || die "HETGRAD_SLURM_DIR is too long for a socket path: $DIR"
   mkdir -p "$DIR"
   chmod 700 "$DIR"
   mkdir -p "$DIR"/{munge,run,log,state}
   for n in "${NODES[@]}"; do mkdir -p "$DIR/spool/$n" "$DIR/tmp/$n"; done
   chmod 1777 "$DIR"/tmp/*   # a TmpFS, like /tmp
-  [ ${#DIR} -lt 80 ] || die "HETGRAD_SLURM_DIR is too long for a socket path: $DIR"
   if [ ! -s "$DIR/munge/munge.key" ]; then
     (umask 077; dd if=/dev/urandom of="$DIR/munge/munge.key" bs=1024 count=1 status=none)
   fi

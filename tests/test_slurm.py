@@ -150,6 +150,15 @@ def test_train_sbatch_runs_and_reuses_probe(slurm, tmp_path):
     assert [e["epoch"] for e in json.loads((tmp_path / "job/run.json").read_text())["epochs"]] == [4]
 
 
+def test_train_sbatch_stops_at_the_first_failed_step(slurm, tmp_path):
+    env = {**slurm, "HETGRAD_JOB_DIR": str(tmp_path / "job"),
+           "HETGRAD_DATA": str(tmp_path / "missing.npz")}
+    rc, log = sbatch(env, tmp_path, [*ON_GPU1, ROOT / "slurm/train.sbatch"])
+    assert rc == 2, log[-3000:]
+    assert "hetgrad: error: --data:" in log and "missing.npz" in log, log[-3000:]
+    assert "plan ->" not in log and not (tmp_path / "job/allocation").exists(), log[-3000:]
+
+
 def test_train_sbatch_runs_a_user_script(slurm, tmp_path):
     env = {**slurm, "HETGRAD_JOB_DIR": str(tmp_path / "job"),
            "HETGRAD_SCRIPT": str(ROOT / "examples/fit_tabular.py"),
