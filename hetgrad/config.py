@@ -127,7 +127,8 @@ class TrainConfig:
     overwrite: bool = setting(False, "let --checkpoint-dir replace an earlier run's "
                               "checkpoints (without it such a directory is refused)")
     resume: str | None = setting(None, "continue from this checkpoint dir")
-    threads: int = setting(1, "TF threads per rank", check=at_least(1))
+    threads: int = setting(1, "TF compute (intra-op) threads per rank; inter-op gets "
+                           "max(2, threads)", check=at_least(1))
     device: str = setting("cpu", "where each rank computes", choices=DEVICES)
     out: str = setting("run.json", "JSON record (written by rank 0)")
     quiet: bool = setting(False, "no progress lines")

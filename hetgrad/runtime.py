@@ -16,8 +16,17 @@ from .errors import AgreedError, ConfigError, HetgradError, Interrupted
 T = TypeVar("T")
 
 
+INTER_OP_MIN = 2
+
+
 def configure_tf(threads: int = 1, device: str = "cpu") -> str:
     """Limit TF threads (several ranks share the cores) and pick ``cpu``, ``gpu`` or ``auto``.
+
+    ``threads`` is the intra-op pool (what computes); the inter-op pool gets at least 2, so
+    the exchange of a finished gradient starts, and its result is consumed, while the next
+    layer's backward pass runs: with one inter-op thread a 25 M-parameter step was 10 %
+    slower, and any extra op on the gradients (the finite check, the timers) cost 13-21 %
+    more (docs/results.md#overhead).
 
     Returns the device string used for placement, e.g. ``/CPU:0`` or ``/GPU:0``.
     """
@@ -28,7 +37,7 @@ def configure_tf(threads: int = 1, device: str = "cpu") -> str:
     check_value("device", device)
     check_value("threads", threads)
     tf.config.threading.set_intra_op_parallelism_threads(threads)
-    tf.config.threading.set_inter_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(max(INTER_OP_MIN, threads))
     gpus = tf.config.list_physical_devices("GPU")
     if device == "gpu" and not gpus:
         raise ConfigError("gpu asked for, but this rank sees no GPU", field="device")

@@ -14,7 +14,8 @@ Python between steps). A round times one block of every arm (a persistent iterat
 through the model's train function, no ``fit`` per block), in a random order drawn anew each
 round; the first ``--warmup`` rounds are dropped. Per round, each arm's block time is divided
 by Horovod's in the same round; the JSON (rank 0) holds every ratio, their median and
-inter-quartile range.
+inter-quartile range. TF threads as hetgrad sets them (``--threads`` intra-op, at least 2
+inter-op); ``--inter-op 1`` shows what one inter-op thread costs.
 """
 from __future__ import annotations
 
@@ -92,8 +93,8 @@ def bootstrap_ci(values: list[float], reps: int = 2000, seed: int = 0) -> tuple[
 def table(paths: list[str]) -> str:
     """Markdown: per file (size, ranks) and arm, the median ratio to Horovod, its IQR and the
     95 % bootstrap interval of the median."""
-    lines = ["| params | ranks | rounds | Horovod step (ms) | arm | median ratio | IQR | 95 % CI "
-             "of median |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| params | ranks | rounds × steps | Horovod step (ms) | arm | median ratio | IQR | "
+             "95 % CI of median |", "|---|---|---|---|---|---|---|---|"]
     for path in paths:
         with open(path) as f:
             d = json.load(f)
@@ -102,7 +103,8 @@ def table(paths: list[str]) -> str:
                 continue
             lo, hi = bootstrap_ci(ratios)
             q1, q3 = d["ratio_iqr"][arm]
-            lines.append(f"| {d['params'] / 1e6:.1f} M | {d['ranks']} | {d['rounds']} | "
+            lines.append(f"| {d['params'] / 1e6:.1f} M | {d['ranks']} | "
+                         f"{d['rounds']} × {d['steps_per_block']} | "
                          f"{1e3 * d['median_step_s']['horovod']:.1f} | {arm} | "
                          f"{d['ratio_median'][arm]:.3f} | {q1:.3f}-{q3:.3f} | "
                          f"{lo:.3f}-{hi:.3f} |")
@@ -119,6 +121,9 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=20, help="steps per block")
     ap.add_argument("--steps-per-execution", type=int, default=10)
+    ap.add_argument("--threads", type=int, default=1, help="TF intra-op threads")
+    ap.add_argument("--inter-op", type=int,
+                    help="TF inter-op threads (default: hetgrad's, max(2, --threads))")
     ap.add_argument("--arms", default=",".join(arms()),
                     help="comma-separated: horovod, WEIGHT-MODE[-grouped]; MODE: checked "
                          "(finite check + timers), bare (neither), finite, timed (one)")
@@ -132,7 +137,10 @@ def main() -> None:
 
     from hetgrad.runtime import configure_tf, init
     init()
-    configure_tf(1, "cpu")
+    configure_tf(args.threads, "cpu")
+    if args.inter_op:
+        import tensorflow as tf
+        tf.config.threading.set_inter_op_parallelism_threads(args.inter_op)
     import horovod.tensorflow as hvd
     import tensorflow as tf
     import hetgrad.keras as hk
@@ -163,8 +171,10 @@ def main() -> None:
 
 
 def write(args, params: int, size: int, kinds: list[str], per_step: dict) -> None:
+    from hetgrad import runtime
     ratios = {k: [a / h for a, h in zip(per_step[k], per_step["horovod"])] for k in kinds}
-    out = {"ranks": size, "params": params, "batch_per_rank": args.batch,
+    out = {"ranks": size, "params": params, "batch_per_rank": args.batch, "threads": args.threads,
+           "inter_op": args.inter_op or max(runtime.INTER_OP_MIN, args.threads),
            "rounds": args.rounds, "steps_per_block": args.steps,
            "median_step_s": {k: statistics.median(v) for k, v in per_step.items()},
            "ratio_median": {k: statistics.median(v) for k, v in ratios.items()},
