@@ -110,6 +110,8 @@ class TrainConfig:
     density_warmup: int = setting(0, "sparse: epochs over which the density falls "
                                   "geometrically from dense to --density (DGC)",
                                   check=at_least(0))
+    fresh: float = setting(0.1, "sticky: share of each tensor's k chosen fresh by local "
+                           "magnitude (the rest kept from the last union)", check=fraction)
     local_clip: float | None = setting(None, "sparse: clip each rank's gradient share to "
                                        "this norm / sqrt(ranks) before error feedback (DGC)",
                                        check=positive)
@@ -169,7 +171,7 @@ class TrainConfig:
                         dense_below=self.dense_below,
                         momentum=0.9 if self.momentum_correction else 0.0,
                         clip_norm=self.local_clip, warmup_epochs=self.density_warmup,
-                        log_steps=log_steps)
+                        fresh=self.fresh, log_steps=log_steps)
 
     def emulation_spec(self) -> str | None:
         """What a probe of this job is timed under (None: real speeds), so a saved probe is

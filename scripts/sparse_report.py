@@ -19,6 +19,11 @@ def time_to(curve: list, target: float) -> float | None:
     return next((t for t, a in cumulative(curve) if a >= target), None)
 
 
+def acc_within(curve: list, seconds: float) -> float | None:
+    """Test accuracy after the last epoch that ended within ``seconds`` of training."""
+    return next((a for t, a in reversed(cumulative(curve)) if t <= seconds), None)
+
+
 def summary(rows: list[dict]) -> list[dict]:
     """One line per (ranks, arm)."""
     dense = {(r["ranks"], r["seed"]): r for r in rows if r["arm"] == "dense"}
@@ -31,12 +36,18 @@ def summary(rows: list[dict]) -> list[dict]:
         target = (statistics.fmean(b["final_test_accuracy"] for b in base) - TARGET_GAP
                   if base else None)
         reached = [time_to(r["curve"], target) for r in group] if target else []
+        # the same training time as dense on the same seed: a wall-clock budget
+        budget = [acc_within(r["curve"], cumulative(dense[(np_, r["seed"])]["curve"])[-1][0])
+                  for r in group if (np_, r["seed"]) in dense]
         line = {"ranks": np_, "arm": arm, "seeds": len(group),
                 "step_ms": 1e3 * statistics.fmean(r["step_s"] for r in group),
                 "vs_dense": statistics.median(r["step_s"] / dense[(np_, r["seed"])]["step_s"]
                                               for r in group if (np_, r["seed"]) in dense),
                 "acc": statistics.fmean(r["final_test_accuracy"] for r in group),
                 "acc_sd": statistics.pstdev(r["final_test_accuracy"] for r in group),
+                "epochs": statistics.fmean(len(r["curve"]) for r in group),
+                "acc_at_dense_time": statistics.fmean(a for a in budget if a is not None)
+                if any(a is not None for a in budget) else None,
                 "target": target, "reached": sum(t is not None for t in reached),
                 "time_to_target_s": statistics.fmean(t for t in reached if t is not None)
                 if any(t is not None for t in reached) else None}
@@ -48,18 +59,19 @@ def summary(rows: list[dict]) -> list[dict]:
 
 
 def table(lines: list[dict]) -> str:
-    head = ("| ranks | arm | step (ms) | / dense | \\|U\\|/k | bytes sent "
-            "/ step / rank | final test acc (mean ± sd) | time to dense acc − 1 pt (s) |\n"
-            "|---|---|---|---|---|---|---|---|\n")
+    head = ("| ranks | arm | epochs | step (ms) | / dense | \\|U\\|/k | bytes sent "
+            "/ step / rank | final test acc (mean ± sd) | acc at dense's training time | "
+            "time to dense acc − 1 pt (s) |\n|---|---|---|---|---|---|---|---|---|---|\n")
     body = []
     for x in lines:
         tt = (f"{x['time_to_target_s']:.1f} ({x['reached']}/{x['seeds']})"
               if x["time_to_target_s"] is not None else f"never (0/{x['seeds']})")
         u = f"{x['buildup']:.2f}" if "buildup" in x else "–"
         b = f"{x['bytes_sent']:,.0f}" if "bytes_sent" in x else "–"
-        body.append(f"| {x['ranks']} | {x['arm']} | {x['step_ms']:.1f} | "
+        budget = "–" if x["acc_at_dense_time"] is None else f"{x['acc_at_dense_time']:.3f}"
+        body.append(f"| {x['ranks']} | {x['arm']} | {x['epochs']:g} | {x['step_ms']:.1f} | "
                     f"{x['vs_dense']:.2f} | {u} | {b} | {x['acc']:.3f} ± {x['acc_sd']:.3f} | "
-                    f"{tt} |")
+                    f"{budget} | {tt} |")
     return head + "\n".join(body) + "\n"
 
 

@@ -24,11 +24,18 @@ def test_density_warmup_is_geometric_then_the_target():
     (dict(density=0.0), "density"), (dict(policy="random"), "sparsify"),
     (dict(exchange="tree"), "exchange"), (dict(policy="leader", exchange="allgather"), "exchange"),
     (dict(momentum=1.0), "momentum_correction"), (dict(clip_norm=-1.0), "local_clip"),
-    (dict(warmup_epochs=-1), "density_warmup")])
+    (dict(warmup_epochs=-1), "density_warmup"), (dict(fresh=1.5), "fresh")])
 def test_bad_settings_name_their_field(fields, field):
     with pytest.raises(ConfigError) as info:
         Sparsify(**fields)
     assert info.value.field == field
+
+
+def test_train_flags_reach_the_settings():
+    from hetgrad.config import TrainConfig
+    s = TrainConfig(sparsify="sticky", fresh=0.3, density_warmup=2).sparse_settings()
+    assert (s.policy, s.fresh, s.warmup_epochs) == ("sticky", 0.3, 2)
+    assert TrainConfig(sparsify="sticky").sparse_settings().fresh == Sparsify().fresh
 
 
 @pytest.mark.parametrize("launcher", ["mpirun", "horovodrun-gloo"])
