@@ -24,6 +24,7 @@ import argparse
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import statistics
@@ -41,6 +42,7 @@ from sparse_report import report  # noqa: E402
 ARMS = ["dense", "topk/allgather", "topk/union", "recent/allgather", "recent/union",
         "sticky/allgather", "sticky/union", "leader"]
 DGC = ["--momentum-correction"]
+SPARSE_KEYS = ("density", "density_warmup", "momentum_correction", "fresh", "local_clip")
 TCP = ["--mca", "pml", "ob1", "--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", "lo"]
 
 
@@ -67,12 +69,13 @@ def shaped_loopback(rate: str | None):
         signal.signal(signal.SIGTERM, previous)
 
 
-def arm_args(arm: str, density: float, warmup: int) -> list[str]:
+def arm_args(arm: str, args) -> list[str]:
     if arm == "dense":
         return []
     policy, _, exchange = arm.partition("/")
     return ["--sparsify", policy, "--exchange", exchange or "union",
-            "--density", str(density), "--density-warmup", str(warmup), *DGC]
+            "--density", str(args.density), "--density-warmup", str(args.density_warmup),
+            *DGC, *shlex.split(args.sparse_args)]
 
 
 def run_one(np_: int, arm: str, seed: int, args, tcp: bool) -> dict:
@@ -83,7 +86,7 @@ def run_one(np_: int, arm: str, seed: int, args, tcp: bool) -> dict:
         train = ["train", "--quiet", "--out", str(out), "--speeds", ",".join(["1"] * np_),
                  "--epochs", str(epochs), "--data", args.data, "--model", args.model,
                  "-B", str(args.global_batch), "--lr", str(args.lr), "--seed", str(seed),
-                 *arm_args(arm, args.density, args.density_warmup)]
+                 *arm_args(arm, args)]
         cmd = mpirun_command(np_, train, TCP if tcp else [])
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=5400)
@@ -102,7 +105,8 @@ def summarize(rec: dict, np_: int, arm: str, seed: int) -> dict:
            "step_s": statistics.median(steady) / rec["plan"]["steps_per_epoch"],
            "final_test_accuracy": rec["final_test_accuracy"],
            "curve": [[e["time_s"], e["test_accuracy"]] for e in rec["epochs"]],
-           "wall_time_s": rec["wall_time_s"], "density_warmup": rec["config"]["density_warmup"]}
+           "wall_time_s": rec["wall_time_s"],
+           "sparse_config": {k: rec["config"].get(k) for k in SPARSE_KEYS}}
     late = [r for r in rec.get("sparse_steps", []) if r["epoch"] > skip]
     for key in ("k", "union", "buildup", "bytes_sent", "bytes_received"):
         if late:
@@ -131,6 +135,8 @@ def main() -> None:
                          "dense's training time, since their steps are shorter")
     ap.add_argument("--density", type=float, default=0.01)
     ap.add_argument("--density-warmup", type=int, default=2, help="DGC's warm-up epochs")
+    ap.add_argument("--sparse-args", default="",
+                    help="more `hetgrad train` flags for the sparse arms, e.g. '--fresh 0.3'")
     ap.add_argument("--data", default="digits")
     ap.add_argument("--model", default="mlp")
     ap.add_argument("-B", "--global-batch", type=int, default=96)

@@ -41,3 +41,21 @@ def test_report_rejects_non_records(tmp_path):
     bad.write_text("{}")
     with pytest.raises(HetgradError, match="x.json is not a `hetgrad train` record"):
         report([bad], tmp_path)
+
+
+def test_sparse_report_budget_and_time_to_accuracy():
+    import sys
+    from conftest import ROOT
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from sparse_report import summary
+
+    def row(arm, seed, curve):
+        return {"ranks": 4, "arm": arm, "seed": seed, "step_s": 1.0 if arm == "dense" else 0.25,
+                "final_test_accuracy": curve[-1][1], "curve": curve}
+    rows = [row("dense", 0, [[10, 0.8], [10, 0.9]]),              # 20 s, final 0.9
+            row("sticky", 0, [[6, 0.7], [6, 0.895], [6, 0.95], [6, 0.6]])]
+    dense, sticky = summary(rows)
+    assert (dense["acc_at_dense_time"], dense["time_to_target_s"]) == (0.9, 20)
+    # target 0.9 - 0.01: reached after 12 s; within dense's 20 s its last epoch ends at 18 s
+    assert sticky["time_to_target_s"] == 12 and sticky["acc_at_dense_time"] == 0.95
+    assert (sticky["epochs"], sticky["acc"], sticky["vs_dense"]) == (4, 0.6, 0.25)
