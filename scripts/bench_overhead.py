@@ -138,11 +138,10 @@ def main() -> None:
     from hetgrad.runtime import configure_tf, init
     init()
     configure_tf(args.threads, "cpu")
-    if args.inter_op:
-        import tensorflow as tf
-        tf.config.threading.set_inter_op_parallelism_threads(args.inter_op)
     import horovod.tensorflow as hvd
     import tensorflow as tf
+    if args.inter_op:
+        tf.config.threading.set_inter_op_parallelism_threads(args.inter_op)
     import hetgrad.keras as hk
     from hetgrad.partition import make_plan
 
@@ -171,10 +170,12 @@ def main() -> None:
 
 
 def write(args, params: int, size: int, kinds: list[str], per_step: dict) -> None:
-    from hetgrad import runtime
+    import tensorflow as tf
     ratios = {k: [a / h for a, h in zip(per_step[k], per_step["horovod"])] for k in kinds}
-    out = {"ranks": size, "params": params, "batch_per_rank": args.batch, "threads": args.threads,
-           "inter_op": args.inter_op or max(runtime.INTER_OP_MIN, args.threads),
+    threads = tf.config.threading   # as the run had them
+    out = {"ranks": size, "params": params, "batch_per_rank": args.batch,
+           "threads": threads.get_intra_op_parallelism_threads(),
+           "inter_op": threads.get_inter_op_parallelism_threads(),
            "rounds": args.rounds, "steps_per_block": args.steps,
            "median_step_s": {k: statistics.median(v) for k, v in per_step.items()},
            "ratio_median": {k: statistics.median(v) for k, v in ratios.items()},

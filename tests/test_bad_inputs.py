@@ -114,6 +114,7 @@ TRAIN = [
     (["--probe-batch", "0"], "--probe-batch: must be >= 1"),
     (["--checkpoint-every", "0"], "--checkpoint-every: must be >= 1"),
     (["--sparsify", "topk", "--density", "2"], "--density: must be in (0, 1]"),
+    (["--sparsify", "sticky", "--fresh", "0"], "--fresh: must be in (0, 1]"),
     (["--rebalance", "--rebalance-threshold", "-1"], "--rebalance-threshold: must be a number >= 0"),
     # sizes the partitioner refuses, found before the probe
     (["--global-batch", "5000"], "--global-batch: dataset has 1437 samples"),

@@ -43,11 +43,10 @@ def test_report_rejects_non_records(tmp_path):
         report([bad], tmp_path)
 
 
-def test_sparse_report_budget_and_time_to_accuracy():
-    import sys
+def test_sparse_report_budget_and_time_to_accuracy(monkeypatch):
     from conftest import ROOT
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from sparse_report import summary
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    from sparse_report import per_seed, summary
 
     def row(arm, seed, curve):
         return {"ranks": 4, "arm": arm, "seed": seed, "step_s": 1.0 if arm == "dense" else 0.25,
@@ -59,3 +58,5 @@ def test_sparse_report_budget_and_time_to_accuracy():
     # target 0.9 - 0.01: reached after 12 s; within dense's 20 s its last epoch ends at 18 s
     assert sticky["time_to_target_s"] == 12 and sticky["acc_at_dense_time"] == 0.95
     assert (sticky["epochs"], sticky["acc"], sticky["vs_dense"]) == (4, 0.6, 0.25)
+    # seed by seed: training s, to target (0.89), to dense's accuracy (0.9), best, final
+    assert "| 4 | sticky | 0 | 24 | 12 | 18 | 0.950 | 0.600 |" in per_seed(rows, [dense, sticky])
