@@ -107,9 +107,14 @@ class TrainConfig:
     dense_below: int = setting(1024, "tensors with fewer entries stay dense", check=at_least(0))
     momentum_correction: bool = setting(False, "sparse SGD: run its momentum (0.9) in the "
                                         "error-feedback memory, cleared where sent (DGC)")
+    momentum_unmasked: bool = setting(False, "momentum correction: keep the velocity where "
+                                      "sent (DGC's momentum factor masking clears it)")
     density_warmup: int = setting(0, "sparse: epochs over which the density falls "
                                   "geometrically from dense to --density (DGC)",
                                   check=at_least(0))
+    dense_above: float = setting(0.05, "sparse warm-up: an epoch at this density or more "
+                                 "exchanges every entry by one dense allreduce (1: never)",
+                                 check=fraction)
     fresh: float = setting(0.1, "sticky: share of each tensor's k chosen fresh by local "
                            "magnitude (the rest kept from the last union)", check=fraction)
     local_clip: float | None = setting(None, "sparse: clip each rank's gradient share to "
@@ -170,8 +175,9 @@ class TrainConfig:
         return Sparsify(policy=self.sparsify, density=self.density, exchange=self.exchange,
                         dense_below=self.dense_below,
                         momentum=0.9 if self.momentum_correction else 0.0,
+                        mask_momentum=not self.momentum_unmasked,
                         clip_norm=self.local_clip, warmup_epochs=self.density_warmup,
-                        fresh=self.fresh, log_steps=log_steps)
+                        dense_above=self.dense_above, fresh=self.fresh, log_steps=log_steps)
 
     def emulation_spec(self) -> str | None:
         """What a probe of this job is timed under (None: real speeds), so a saved probe is

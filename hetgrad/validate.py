@@ -19,6 +19,10 @@ NEEDS = {
     "density": (lambda c: c.sparsify is not None, "--sparsify"),
     "exchange": (lambda c: c.sparsify is not None, "--sparsify"),
     "dense_below": (lambda c: c.sparsify is not None, "--sparsify"),
+    "fresh": (lambda c: c.sparsify == "sticky", "--sparsify sticky"),
+    "momentum_unmasked": (lambda c: c.momentum_correction, "--momentum-correction"),
+    "dense_above": (lambda c: c.sparsify is not None and c.density_warmup > 0,
+                    "--sparsify and --density-warmup"),
     "weighting": (lambda c: c.mode == "weighted", "--mode weighted"),
     "rebalance_threshold": (lambda c: c.rebalance, "--rebalance"),
     "checkpoint_every": (lambda c: bool(c.checkpoint_dir or c.resume),
@@ -36,6 +40,7 @@ NEEDS = {
 # --resume is accepted; a changed one is an error, never silently ignored)
 RESUMED_AS_SAVED = ("data", "model", "loss", "mode", "weighting", "optimizer", "seed",
                     "sparsify", "density", "exchange", "dense_below", "momentum_correction",
+                    "momentum_unmasked", "density_warmup", "dense_above", "fresh",
                     "plan", "speeds", "min_batch", "max_batch", "probe_file", "probe_batch",
                     "probe_sizes", "probe_steps")
 

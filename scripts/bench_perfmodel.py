@@ -15,7 +15,13 @@ more, the best by median becomes the ``oracle`` arm. Then the arms, interleaved 
 Throughput = samples per epoch / median epoch time without the first (tracing) epoch. Writes
 JSON (every record's summary) and a bar plot.
 
+``--churn N`` instead runs only the ``rebalance`` arm for N epochs (``--repeats`` times, no
+oracle) and keeps every epoch's imbalance and decision: does the online model re-plan on noise
+when speeds do not change? Its rows go under ``churn`` in the same JSON.
+
     .venv/bin/python scripts/bench_perfmodel.py --out results/bench_perfmodel.json
+    .venv/bin/python scripts/bench_perfmodel.py --scenarios real-cnn-3ranks --churn 16 \
+        --repeats 2 --out results/bench_perfmodel_real.json
 """
 from __future__ import annotations
 
@@ -147,6 +153,49 @@ def run_scenario(name: str, epochs: int, repeats: int, tmp: Path) -> dict:
             "table": table(runs)}
 
 
+def run_churn(name: str, epochs: int, repeats: int, tmp: Path) -> dict:
+    """The rebalance arm alone for ``epochs`` epochs, ``repeats`` times: every epoch's
+    imbalance, batches and decision, and the re-plans after epoch 2."""
+    np_, args, pins = SCENARIOS[name]
+    runs = []
+    for rep in range(repeats):
+        rec = launch(np_, [*args, *ARMS["rebalance"], "--epochs", str(epochs), "--seed",
+                           str(rep)], pins, tmp / f"{name}-churn-{rep}.json")
+        bal = rec["balance"]
+        runs.append({
+            "samples_per_s": rec["samples_per_s"], "first_batches": rec["plan"]["batches"],
+            "final_batches": rec["final_plan"]["batches"],
+            "replanned_after_epochs": [e["epoch"] for e in bal if e["replanned"]],
+            "replans_after_epoch_2": sum(e["replanned"] for e in bal if e["epoch"] >= 2),
+            "imbalance": [e["imbalance"] for e in bal],
+            "steady_imbalance": statistics.median(e["imbalance"] for e in bal[2:]),
+            "predicted_gain": [e["predicted_gain"] for e in bal],
+            "noise": [e["noise"] for e in bal], "batches": [e["batches"] for e in bal],
+            "epoch_time_s": [e["time_s"] for e in rec["epochs"]]})
+        r = runs[-1]
+        print(f"{name} churn rep {rep}: re-plans after epochs {r['replanned_after_epochs']}, "
+              f"steady imbalance {r['steady_imbalance']:.3f}, batches {r['final_batches']}",
+              flush=True)
+    return {"ranks": np_, "args": args, "pins": pins, "epochs": epochs, "runs": runs}
+
+
+def churn_markdown(result: dict) -> str:
+    """One row per churn run: re-plans, steady imbalance, plans ("" without churn runs)."""
+    if not result.get("churn"):
+        return ""
+    lines = ["| scenario | run | epochs | re-plans after epoch 2 (at epochs) | steady imbalance "
+             "(median from epoch 3) | max imbalance from epoch 3 | first -> final batches "
+             "| samples/s |", "|" + "---|" * 8]
+    for name, sc in result.get("churn", {}).items():
+        for k, r in enumerate(sc["runs"]):
+            at = [e for e in r["replanned_after_epochs"] if e >= 2]
+            lines.append(f"| {name} | {k} | {sc['epochs']} | {r['replans_after_epoch_2']} "
+                         f"({', '.join(map(str, at)) or '-'}) | {r['steady_imbalance']:.3f} "
+                         f"| {max(r['imbalance'][2:]):.3f} | {r['first_batches']} -> "
+                         f"{r['final_batches']} | {r['samples_per_s']:.0f} |")
+    return "\n".join(lines)
+
+
 def table(runs: dict[str, list]) -> dict:
     """Per arm: median throughput, its ratio to the oracle's, and the model's checks."""
     med = {arm: statistics.median(r["samples_per_s"] for r in rs) for arm, rs in runs.items()}
@@ -164,6 +213,11 @@ def table(runs: dict[str, list]) -> dict:
         pred = [r["predicted_step_s"] / r["measured_step_s"] for r in rs
                 if arm in MODELLED and r["measured_step_s"] and r["batches"] == r["final_batches"]]
         row["predicted_over_measured_step"] = statistics.median(pred) if pred else None
+        # the efficiency the plan's own prediction reaches: with fixed costs a_i > 0 it is
+        # below 1 even for a perfect split with no exchange
+        ceil = [sum(r["batches"]) / r["predicted_step_s"] / r["sum_probed_samples_per_s"]
+                for r in rs if arm in MODELLED and r["predicted_step_s"]]
+        row["predicted_efficiency_median"] = statistics.median(ceil) if ceil else None
         out[arm] = row
     return out
 
@@ -171,17 +225,20 @@ def table(runs: dict[str, list]) -> dict:
 def markdown(result: dict) -> str:
     """The docs/results.md table: one row per scenario and arm."""
     lines = ["| scenario | arm | batches (final) | samples/s | / oracle (per repeat) | / equal "
-             "| efficiency vs sum s_i | steady imbalance | predicted / measured step "
-             "| re-plans after epoch 2 | final acc |", "|" + "---|" * 11]
+             "| efficiency vs sum s_i (predicted) | steady imbalance "
+             "| predicted / measured step | re-plans after epoch 2 | final acc |",
+             "|" + "---|" * 11]
     fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
     for name, sc in result["scenarios"].items():
-        for arm, row in sc["table"].items():
+        for arm, row in table(sc["runs"]).items():
             batches = sc["runs"][arm][-1]["final_batches"]
             per = ", ".join(f"{r:.2f}" for r in row["ratios_over_oracle_per_repeat"])
             lines.append(
                 f"| {name} | {arm} | {batches} | {row['samples_per_s_median']:.0f} "
                 f"| {row['over_oracle']:.3f} ({per}) | {row['over_equal']:.2f} "
-                f"| {row['efficiency_median']:.2f} | {fmt(row['steady_imbalance_median'], '.3f')} "
+                f"| {row['efficiency_median']:.2f} "
+                f"({fmt(row.get('predicted_efficiency_median'), '.2f')}) "
+                f"| {fmt(row['steady_imbalance_median'], '.3f')} "
                 f"| {fmt(row['predicted_over_measured_step'], '.2f')} "
                 f"| {sum(row['replans_after_epoch_2'])} | {row['final_test_accuracy_mean']:.3f} |")
     return "\n".join(lines)
@@ -215,15 +272,26 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default="results/bench_perfmodel.json")
     ap.add_argument("--plot", default="docs/img/perfmodel.png")
+    ap.add_argument("--churn", type=int, metavar="EPOCHS",
+                    help="only the rebalance arm, this many epochs, to count re-plans")
     ap.add_argument("--table", action="store_true", help="print the table of --out and stop")
     args = ap.parse_args()
     out = Path(args.out)
     if args.table:
-        print(markdown(json.loads(out.read_text())))
+        result = json.loads(out.read_text())
+        parts = [markdown(result) if result.get("scenarios") else "", churn_markdown(result)]
+        print("\n\n".join(p for p in parts if p))
         return
     result = json.loads(out.read_text()) if out.exists() else {"scenarios": {}}
-    result.update(epochs=args.epochs, repeats=args.repeats)
     with tempfile.TemporaryDirectory() as tmp:
+        if args.churn:
+            for name in args.scenarios.split(","):
+                result.setdefault("churn", {})[name] = run_churn(name, args.churn, args.repeats,
+                                                                 Path(tmp))
+                out.write_text(json.dumps(result, indent=2))
+            print(churn_markdown(result))
+            return
+        result.update(epochs=args.epochs, repeats=args.repeats)
         for name in args.scenarios.split(","):
             result["scenarios"][name] = run_scenario(name, args.epochs, args.repeats, Path(tmp))
             print(name, json.dumps(result["scenarios"][name]["table"], indent=1), flush=True)

@@ -42,7 +42,8 @@ from sparse_report import report  # noqa: E402
 ARMS = ["dense", "topk/allgather", "topk/union", "recent/allgather", "recent/union",
         "sticky/allgather", "sticky/union", "leader"]
 DGC = ["--momentum-correction"]
-SPARSE_KEYS = ("density", "density_warmup", "momentum_correction", "fresh", "local_clip")
+SPARSE_KEYS = ("density", "density_warmup", "dense_above", "momentum_correction",
+               "momentum_unmasked", "fresh", "local_clip")
 TCP = ["--mca", "pml", "ob1", "--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", "lo"]
 
 

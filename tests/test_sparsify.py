@@ -60,6 +60,13 @@ def test_three_rank_exchanges(tmp_path, launcher):
     for key in ("sticky/union", "sticky/allgather", "sticky/union/momentum"):
         # every rank keeps the same entries: |U| <= k + (P-1) x fresh after the first step
         assert max(res[key]["unions"][1:]) <= k + 2 * res[key]["fresh"], res[key]
+    n = 60 * 50 + 500 + 40 * 30
+    for key in ("topk/allgather/dense-warmup", "sticky/union/momentum/dense-warmup"):
+        # dense warm-up steps send everything; then the policy's own bounds hold again
+        assert res[key]["unions"][:2] == [n, n], res[key]["unions"]
+        assert max(res[key]["unions"][2:]) < n / 4, res[key]["unions"]
+    assert max(res["sticky/union/momentum/dense-warmup"]["unions"][2:]) <= k + 2 * res[
+        "sticky/union"]["fresh"]
     log = res["topk/union"]["log"]
     assert log["buildup"] == pytest.approx(log["union"] / log["k"])
     assert log["bytes_sent"] > 4 * k and log["bytes_received"] > 2 * 4 * k

@@ -33,13 +33,16 @@ class Memory:
         r.assign_add(grad)
         return r.read_value()
 
-    def forget(self, t: int, sent: tf.Tensor) -> None:
-        """Zero tensor ``t``'s memory at the local indices ``sent`` (int32, any order)."""
+    def forget(self, t: int, sent: tf.Tensor, keep_velocity: tf.Tensor | bool = False) -> None:
+        """Zero tensor ``t``'s memory at the local indices ``sent`` (int32, any order); the
+        velocity too with masking, unless ``keep_velocity`` (a dense step, which is then
+        plain momentum SGD)."""
         where = tf.expand_dims(sent, 1)
         zeros = tf.zeros_like(sent, tf.float32)
         self.residuals[t].scatter_nd_update(where, zeros)
         if self.velocities and self.mask:
-            self.velocities[t].scatter_nd_update(where, zeros)
+            u = self.velocities[t]
+            u.scatter_nd_update(where, tf.where(keep_velocity, tf.gather(u, sent), zeros))
 
     def variables(self) -> dict[str, tf.Variable]:
         out = {f"residual_{t}": v for t, v in enumerate(self.residuals)}

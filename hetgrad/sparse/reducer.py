@@ -60,6 +60,7 @@ class SparseReducer(Reducer):
             self.step = tf.Variable(0, dtype=tf.int32, trainable=False, name="hetgrad_sparse_step")
             self.ks = tf.Variable(tf.zeros([len(self.layout.sizes)], tf.int32), trainable=False)
             self.fresh = tf.Variable(tf.zeros_like(self.ks), trainable=False)
+            self.send_all = tf.Variable(False, trainable=False)   # a dense warm-up step
             self.log = StepLog(s.log_steps)
             self.shapes = shapes
             self.set_density(self.density)
@@ -71,6 +72,7 @@ class SparseReducer(Reducer):
             ks = [self.settings.k_of(n, self.density) for n in self.layout.sizes]
             self.ks.assign(ks)
             self.fresh.assign([self.settings.fresh_of(k) for k in ks])
+            self.send_all.assign(self.settings.dense_at(self.density))
 
     def reduce(self, grads) -> list:
         self.build([None if g is None else g.shape for g in grads])
@@ -100,14 +102,27 @@ class SparseReducer(Reducer):
         step, T = self.step.read_value(), len(flats)
         accs = [self.memory.compensate(t, g) for t, g in enumerate(flats)]
         ks, fresh = tf.unstack(self.ks.read_value(), T), tf.unstack(self.fresh.read_value(), T)
-        idx = [self.policy.select(t, accs[t], ks[t], fresh[t], step) for t in range(T)]
-        result = self._combine(idx, accs, step)
+        send_all = self.send_all.read_value()
+        # only the combination differs; the memory and the policies are updated after it
+        result = tf.cond(send_all, lambda: self._everything(accs),
+                         lambda: self._combine([self.policy.select(t, accs[t], ks[t], fresh[t],
+                                                                   step) for t in range(T)],
+                                               accs, step))
         for t in range(T):
-            self.memory.forget(t, result.sent[t])
+            self.memory.forget(t, result.sent[t], keep_velocity=send_all)
             self.policy.observe(t, result.union[t], result.aggregate[t], step)
         self.step.assign_add(1)
-        self.log.write(self._stats(tf.add_n(ks), tf.add_n([tf.size(u) for u in result.union])))
+        union = tf.add_n([tf.size(u) for u in result.union])
+        self.log.write(self._stats(tf.where(send_all, union, tf.add_n(ks)), union, send_all))
         return result.dense
+
+    def _everything(self, accs: list[tf.Tensor]) -> Outcome:
+        """A dense warm-up step: every entry of every rank, summed by one allreduce."""
+        sizes = self.layout.sizes
+        total = hvd.allreduce(tf.concat(accs, 0), op=hvd.Sum, name=f"{self.name}.all")
+        parts = tf.split(total, sizes, num=len(sizes))
+        every = [tf.range(n, dtype=tf.int32) for n in sizes]
+        return Outcome(every, every, parts, parts)
 
     def _combine(self, idx: list[tf.Tensor], accs: list[tf.Tensor], step) -> Outcome:
         s, name = self.settings, f"{self.name}.sparse"
@@ -120,10 +135,11 @@ class SparseReducer(Reducer):
             union = union_of(gidx, name)
         return reduce_on(union, accs, self.layout, name)
 
-    def _stats(self, k: tf.Tensor, union: tf.Tensor) -> list[tf.Tensor]:
+    def _stats(self, k: tf.Tensor, union: tf.Tensor, dense: tf.Tensor) -> list[tf.Tensor]:
         """k, |U|, and the bytes one rank sends and receives in this exchange (a ring
         allreduce moves ``2 (P-1)/P`` of its vector each way; an allgather delivers the
-        other ``P-1`` ranks' parts), biases' dense allreduce included."""
+        other ``P-1`` ranks' parts), biases' dense allreduce included. ``dense``: the step
+        sent everything (k = |U| = the entries) by one allreduce."""
         P, F, I = self.size, 4.0, 4.0
         ring = 2.0 * (P - 1) / P
         k, u = tf.cast(k, tf.float64), tf.cast(union, tf.float64)
@@ -134,6 +150,7 @@ class SparseReducer(Reducer):
             sent, recv = k * (I + F), (P - 1) * k * (I + F)
         else:
             sent, recv = k * I + ring * u * F, (P - 1) * k * I + ring * u * F
+        sent, recv = tf.where(dense, ring * k * F, sent), tf.where(dense, ring * k * F, recv)
         return [k, u, sent + small, recv + small]
 
     def take_log(self) -> list[dict]:

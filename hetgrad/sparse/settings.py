@@ -26,6 +26,11 @@ class Sparsify:
     ``mask_momentum`` (clear that momentum where sent), ``clip_norm`` (clip each rank's share
     of the gradient to ``clip_norm / sqrt(P)`` before it enters the memory), ``warmup_epochs``
     (density rises geometrically from dense to ``density`` over these epochs).
+    ``dense_above``: a warm-up density at or above it (and above ``density``) is exchanged
+    whole, by one dense allreduce: near the start of a warm-up the union of P ranks' top-k is
+    most of the model, and selecting and sending it costs more than the dense allreduce (1 turns
+    it off). A dense step empties the memory and keeps the velocity (it is then plain momentum
+    SGD; masking exists for entries whose sending is delayed).
     Tensors of ``sample_above`` entries or more are selected through DGC's sampled threshold
     (exact top-k of the entries above it; a full top-k when too few are)."""
 
@@ -37,6 +42,7 @@ class Sparsify:
     mask_momentum: bool = True
     clip_norm: float | None = None
     warmup_epochs: int = 0
+    dense_above: float = 0.05
     window: int = 5
     boost: float = 2.0
     fresh: float = 0.1
@@ -69,6 +75,8 @@ class Sparsify:
             ("density_warmup", self.warmup_epochs < 0 and
              f"must be >= 0, got {self.warmup_epochs}"),
             ("fresh", not 0.0 <= self.fresh <= 1.0 and f"must be in [0, 1], got {self.fresh}"),
+            ("dense_above", not 0.0 < self.dense_above <= 1.0 and
+             f"must be in (0, 1], got {self.dense_above}"),
             ("log_steps", self.log_steps < 1 and f"must be >= 1, got {self.log_steps}"),
         ]
 
@@ -78,6 +86,10 @@ class Sparsify:
         if epoch >= self.warmup_epochs:
             return self.density
         return self.density ** ((epoch + 1) / (self.warmup_epochs + 1))
+
+    def dense_at(self, density: float) -> bool:
+        """Whether a step at ``density`` (a warm-up one: above the target) goes dense."""
+        return self.density < density and density >= self.dense_above
 
     def k_of(self, size: int, density: float | None = None) -> int:
         """Entries a tensor of ``size`` entries sends: ``ceil(density x size)``, at least 1."""

@@ -27,7 +27,13 @@ CONFIGS.update({
     "topk/allgather/momentum-unmasked": dict(policy="topk", exchange="allgather",
                                              momentum=0.9, mask_momentum=False),
     "topk/union/clip": dict(policy="topk", clip_norm=0.5, dense_below=1),
+    # two dense warm-up steps (density 0.5 >= dense_above), then sparse at 0.02
+    "topk/allgather/dense-warmup": dict(policy="topk", exchange="allgather", warmup_epochs=1,
+                                        dense_above=0.3),
+    "sticky/union/momentum/dense-warmup": dict(policy="sticky", momentum=0.9, warmup_epochs=1,
+                                               dense_above=0.3),
 })
+WARMUP = [0.5, 0.5]   # the densities of the first steps of the configs with a warm-up
 
 
 def grads(step):
@@ -49,6 +55,10 @@ def run(settings: Sparsify, steps: int = 5) -> dict:
                  small_exact=0.0)
     unions, oracle_unions = [], []
     for step in range(steps):
+        if settings.warmup_epochs:
+            density = WARMUP[step] if step < len(WARMUP) else settings.density
+            reducer.set_density(density)
+            oracle.set_density(density)
         g = grads(step)
         before = comm.allreduce_sum(oracle.residual.astype(np.float64))
         out = [o.numpy() for o in step_fn(*[tf.constant(x) for x in g[rank]])]

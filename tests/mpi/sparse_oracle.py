@@ -34,6 +34,7 @@ class OracleExchanger:
 
     def set_density(self, density: float) -> None:
         self.ks = [self.s.k_of(n, density) for n in self.sizes]
+        self.dense = self.s.dense_at(density)
 
     def _pieces(self, v):
         return [v[o:o + n] for o, n in zip(self.offsets, self.sizes)]
@@ -65,6 +66,12 @@ class OracleExchanger:
             self.velocity = np.float32(s.momentum) * self.velocity + grad
             grad = self.velocity
         acc = self.residual + grad
+        if self.dense:   # a dense warm-up step: everything, velocity kept
+            union = np.arange(acc.size)
+            out = comm.allreduce_sum(acc)
+            self.residual = np.zeros_like(acc)
+            self._observe(union, out)
+            return out, int(union.size)
         parts = self._pieces(acc)
         idx = np.concatenate([o + self._select(t, a) for t, (o, a)
                               in enumerate(zip(self.offsets, parts))]).astype(np.int64)
