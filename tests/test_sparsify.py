@@ -20,11 +20,19 @@ def test_density_warmup_is_geometric_then_the_target():
     assert Sparsify(density=0.05).density_at(0) == 0.05
 
 
+def test_dense_warmup_only_above_the_target_and_the_threshold():
+    s = Sparsify(density=0.01, warmup_epochs=2)           # 21.5 %, 4.6 %, then 1 %
+    assert [s.dense_at(s.density_at(e)) for e in range(3)] == [True, False, False]
+    assert not Sparsify(density=0.1, warmup_epochs=2).dense_at(0.1)   # the target never
+    assert not Sparsify(density=0.01, dense_above=1.0).dense_at(0.5)  # 1 turns it off
+
+
 @pytest.mark.parametrize("fields, field", [
     (dict(density=0.0), "density"), (dict(policy="random"), "sparsify"),
     (dict(exchange="tree"), "exchange"), (dict(policy="leader", exchange="allgather"), "exchange"),
     (dict(momentum=1.0), "momentum_correction"), (dict(clip_norm=-1.0), "local_clip"),
-    (dict(warmup_epochs=-1), "density_warmup"), (dict(fresh=1.5), "fresh")])
+    (dict(warmup_epochs=-1), "density_warmup"), (dict(fresh=1.5), "fresh"),
+    (dict(dense_above=0.0), "dense_above")])
 def test_bad_settings_name_their_field(fields, field):
     with pytest.raises(ConfigError) as info:
         Sparsify(**fields)
@@ -65,6 +73,9 @@ def test_three_rank_exchanges(tmp_path, launcher):
         # dense warm-up steps send everything; then the policy's own bounds hold again
         assert res[key]["unions"][:2] == [n, n], res[key]["unions"]
         assert max(res[key]["unions"][2:]) < n / 4, res[key]["unions"]
+        # a dense step is logged as one ring allreduce of every entry (+ the biases')
+        assert res[key]["first_log"]["k"] == n
+        assert res[key]["first_log"]["bytes_sent"] == pytest.approx(2 * 2 / 3 * 4 * (n + 7))
     assert max(res["sticky/union/momentum/dense-warmup"]["unions"][2:]) <= k + 2 * res[
         "sticky/union"]["fresh"]
     log = res["topk/union"]["log"]

@@ -103,11 +103,9 @@ class SparseReducer(Reducer):
         accs = [self.memory.compensate(t, g) for t, g in enumerate(flats)]
         ks, fresh = tf.unstack(self.ks.read_value(), T), tf.unstack(self.fresh.read_value(), T)
         send_all = self.send_all.read_value()
-        # only the combination differs; the memory and the policies are updated after it
+        # only the combination is conditional; memory and policies are updated after it
         result = tf.cond(send_all, lambda: self._everything(accs),
-                         lambda: self._combine([self.policy.select(t, accs[t], ks[t], fresh[t],
-                                                                   step) for t in range(T)],
-                                               accs, step))
+                         lambda: self._selected(accs, ks, fresh, step))
         for t in range(T):
             self.memory.forget(t, result.sent[t], keep_velocity=send_all)
             self.policy.observe(t, result.union[t], result.aggregate[t], step)
@@ -115,6 +113,11 @@ class SparseReducer(Reducer):
         union = tf.add_n([tf.size(u) for u in result.union])
         self.log.write(self._stats(tf.where(send_all, union, tf.add_n(ks)), union, send_all))
         return result.dense
+
+    def _selected(self, accs: list[tf.Tensor], ks: list, fresh: list, step) -> Outcome:
+        """A sparse step: each rank's choice per tensor, combined by the exchange."""
+        idx = [self.policy.select(t, acc, ks[t], fresh[t], step) for t, acc in enumerate(accs)]
+        return self._combine(idx, accs, step)
 
     def _everything(self, accs: list[tf.Tensor]) -> Outcome:
         """A dense warm-up step: every entry of every rank, summed by one allreduce."""

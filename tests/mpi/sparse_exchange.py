@@ -83,7 +83,7 @@ def run(settings: Sparsify, steps: int = 5) -> dict:
     unions = [row["union"] for row in log]
     return {**worst, "unions": unions, "oracle_unions": oracle_unions, "k": log[0]["k"],
             "fresh": sum(settings.fresh_of(settings.k_of(int(np.prod(SHAPES[t]))))
-                         for t in ids), "log": log[-1]}
+                         for t in ids), "log": log[-1], "first_log": log[0]}
 
 
 res = {key: run(Sparsify(**{"density": 0.02, "dense_below": 100, **cfg}))
