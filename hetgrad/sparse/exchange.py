@@ -64,11 +64,13 @@ def reduce_on(union: tf.Tensor, accs: list[tf.Tensor], layout: Layout, name: str
 
 def gather_and_sum(idx: list[tf.Tensor], accs: list[tf.Tensor], layout: Layout,
                    name: str) -> Outcome:
-    """Every rank's (index, value) pairs to every rank (two allgathers), summed locally."""
+    """Every rank's (index, value) pairs to every rank, summed locally: one allgather of
+    the pairs, the float values carried bit for bit as int32 beside their indices."""
     gidx = tf.concat([i + off for i, off in zip(idx, layout.offsets)], 0)
     values = tf.concat([tf.gather(a, i) for a, i in zip(accs, idx)], 0)
-    every_idx = hvd.allgather(gidx, name=f"{name}.indices")
-    every_val = hvd.allgather(values, name=f"{name}.values")
+    pairs = hvd.allgather(tf.stack([gidx, tf.bitcast(values, tf.int32)], axis=1),
+                          name=f"{name}.pairs")
+    every_idx, every_val = pairs[:, 0], tf.bitcast(pairs[:, 1], tf.float32)
     owner = tf.searchsorted(tf.constant(layout.offsets[1:], tf.int32), every_idx,
                             side="right")
     T = len(layout.sizes)
