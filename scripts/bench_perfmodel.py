@@ -20,8 +20,8 @@ oracle) and keeps every epoch's imbalance and decision: does the online model re
 when speeds do not change? Its rows go under ``churn`` in the same JSON.
 
     .venv/bin/python scripts/bench_perfmodel.py --out results/bench_perfmodel.json
-    .venv/bin/python scripts/bench_perfmodel.py --scenarios real-cnn-3ranks --churn 16 \
-        --repeats 2 --out results/bench_perfmodel_real.json
+    .venv/bin/python scripts/bench_perfmodel.py --scenarios real-cnn-3ranks --churn 20 \
+        --repeats 3 --out results/bench_perfmodel_real.json
 """
 from __future__ import annotations
 

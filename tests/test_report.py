@@ -60,3 +60,35 @@ def test_sparse_report_budget_and_time_to_accuracy(monkeypatch):
     assert (sticky["epochs"], sticky["acc"], sticky["vs_dense"]) == (4, 0.6, 0.25)
     # seed by seed: training s, to target (0.89), to dense's accuracy (0.9), best, final
     assert "| 4 | sticky | 0 | 24 | 12 | 18 | 0.950 | 0.600 |" in per_seed(rows, [dense, sticky])
+
+
+def test_perfmodel_table_ratios_predicted_efficiency_and_churn(monkeypatch):
+    """bench_perfmodel's table: ratios to the oracle per repeat, the efficiency the plan's own
+    prediction gives (B / t_pred / sum s_i), and the churn rows."""
+    from conftest import ROOT
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    from bench_perfmodel import churn_markdown, table
+
+    def run(sps, pred=None):
+        return {"samples_per_s": sps, "efficiency": sps / 1000, "batches": [30, 70],
+                "final_batches": [30, 70], "predicted_step_s": pred, "measured_step_s": 0.11,
+                "sum_probed_samples_per_s": 1000.0, "steady_imbalance": 0.02,
+                "replans_after_epoch_2": 0, "final_test_accuracy": 0.9}
+
+    runs = {"equal": [run(400), run(500)], "affine": [run(900, 0.1), run(990, 0.125)],
+            "oracle": [run(1000), run(900)]}
+    t = table(runs)
+    assert t["affine"]["ratios_over_oracle_per_repeat"] == pytest.approx([0.9, 1.1])
+    assert t["affine"]["over_oracle"] == pytest.approx(945 / 950)
+    assert t["affine"]["over_equal"] == pytest.approx(945 / 450)
+    # 100 samples / 0.1 s / 1000 = 1.0, / 0.125 s = 0.8: median 0.9
+    assert t["affine"]["predicted_efficiency_median"] == pytest.approx(0.9)
+    assert t["affine"]["predicted_over_measured_step"] == pytest.approx((0.1 / 0.11 + 0.125 / 0.11) / 2)
+    assert t["oracle"]["predicted_efficiency_median"] is None
+    assert churn_markdown({}) == ""
+    churn = {"churn": {"real": {"epochs": 6, "runs": [{
+        "replanned_after_epochs": [1, 3], "replans_after_epoch_2": 1,
+        "imbalance": [0.3, 0.2, 0.04, 0.02, 0.06, 0.03], "steady_imbalance": 0.035,
+        "first_batches": [60, 30, 30], "final_batches": [58, 31, 31], "samples_per_s": 5000}]}}}
+    row = churn_markdown(churn).splitlines()[-1]
+    assert row == "| real | 0 | 6 | 1 (3) | 0.035 | 0.060 | [60, 30, 30] -> [58, 31, 31] | 5000 |"
