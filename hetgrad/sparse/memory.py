@@ -38,11 +38,11 @@ class Memory:
         velocity too with masking, unless ``keep_velocity`` (a dense step, which is then
         plain momentum SGD)."""
         where = tf.expand_dims(sent, 1)
-        zeros = tf.zeros_like(sent, tf.float32)
-        self.residuals[t].scatter_nd_update(where, zeros)
+        self.residuals[t].scatter_nd_update(where, tf.zeros_like(sent, tf.float32))
         if self.velocities and self.mask:
-            u = self.velocities[t]
-            u.scatter_nd_update(where, tf.where(keep_velocity, tf.gather(u, sent), zeros))
+            masked = sent[:tf.where(keep_velocity, 0, tf.size(sent))]   # none in a dense step
+            self.velocities[t].scatter_nd_update(tf.expand_dims(masked, 1),
+                                                 tf.zeros_like(masked, tf.float32))
 
     def variables(self) -> dict[str, tf.Variable]:
         out = {f"residual_{t}": v for t, v in enumerate(self.residuals)}
