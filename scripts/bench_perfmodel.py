@@ -244,6 +244,26 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
+def gap_markdown(result: dict, arm: str = "affine") -> str:
+    """Where efficiency goes, per scenario (medians over the arm's repeats, per step): the
+    ideal ``B / sum s_i``, the plan's predicted step, the slowest rank's measured busy step,
+    and the epoch time per step (samples per step / throughput)."""
+    lines = ["| scenario | B / sum s_i | predicted step | slowest busy step | epoch time / steps "
+             "| efficiency |", "|---|---|---|---|---|---|"]
+    ms = lambda v, ref: f"{1e3 * v:.1f} ms" + (f" ({100 * (v / ref - 1):+.1f} %)" if ref else "")  # noqa: E731
+    for name, sc in result["scenarios"].items():
+        rs = [r for r in sc["runs"].get(arm, []) if r["predicted_step_s"] and r["measured_step_s"]]
+        if not rs:
+            continue
+        med = lambda f: statistics.median(f(r) for r in rs)  # noqa: E731
+        ideal = med(lambda r: sum(r["batches"]) / r["sum_probed_samples_per_s"])
+        pred, busy = med(lambda r: r["predicted_step_s"]), med(lambda r: r["measured_step_s"])
+        step = med(lambda r: sum(r["final_batches"]) / r["samples_per_s"])
+        lines.append(f"| {name} | {ms(ideal, None)} | {ms(pred, ideal)} | {ms(busy, pred)} "
+                     f"| {ms(step, busy)} | {med(lambda r: r['efficiency']):.2f} |")
+    return "\n".join(lines)
+
+
 def plot(result: dict, path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -279,7 +299,8 @@ def main() -> None:
     out = Path(args.out)
     if args.table:
         result = json.loads(out.read_text())
-        parts = [markdown(result) if result.get("scenarios") else "", churn_markdown(result)]
+        parts = [markdown(result) if result.get("scenarios") else "",
+                 gap_markdown(result) if result.get("scenarios") else "", churn_markdown(result)]
         print("\n\n".join(p for p in parts if p))
         return
     result = json.loads(out.read_text()) if out.exists() else {"scenarios": {}}

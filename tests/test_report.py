@@ -67,7 +67,7 @@ def test_perfmodel_table_ratios_predicted_efficiency_and_churn(monkeypatch):
     prediction gives (B / t_pred / sum s_i), and the churn rows."""
     from conftest import ROOT
     monkeypatch.syspath_prepend(str(ROOT / "scripts"))
-    from bench_perfmodel import churn_markdown, table
+    from bench_perfmodel import churn_markdown, gap_markdown, table
 
     def run(sps, pred=None):
         return {"samples_per_s": sps, "efficiency": sps / 1000, "batches": [30, 70],
@@ -85,6 +85,11 @@ def test_perfmodel_table_ratios_predicted_efficiency_and_churn(monkeypatch):
     assert t["affine"]["predicted_efficiency_median"] == pytest.approx(0.9)
     assert t["affine"]["predicted_over_measured_step"] == pytest.approx((0.1 / 0.11 + 0.125 / 0.11) / 2)
     assert t["oracle"]["predicted_efficiency_median"] is None
+    # per step: ideal 100/1000 s, predicted median 112.5 ms, busy 110 ms, 100 samples at
+    # 900 and 990 samples/s -> median 106.1 ms (-3.6 %); efficiency median 0.945
+    gap = gap_markdown({"scenarios": {"s": {"runs": runs}}}).splitlines()[-1]
+    assert gap == ("| s | 100.0 ms | 112.5 ms (+12.5 %) | 110.0 ms (-2.2 %) "
+                   "| 106.1 ms (-3.6 %) | 0.95 |")
     assert churn_markdown({}) == ""
     churn = {"churn": {"real": {"epochs": 6, "runs": [{
         "replanned_after_epochs": [1, 3], "replans_after_epoch_2": 1,
