@@ -58,8 +58,9 @@ def test_sparse_report_budget_and_time_to_accuracy(monkeypatch):
     # target 0.9 - 0.01: reached after 12 s; within dense's 20 s its last epoch ends at 18 s
     assert sticky["time_to_target_s"] == 12 and sticky["acc_at_dense_time"] == 0.95
     assert (sticky["epochs"], sticky["acc"], sticky["vs_dense"]) == (4, 0.6, 0.25)
-    # seed by seed: training s, to target (0.89), to dense's accuracy (0.9), best, final
-    assert "| 4 | sticky | 0 | 24 | 12 | 18 | 0.950 | 0.600 |" in per_seed(rows, [dense, sticky])
+    # seed by seed: epoch 1 s, training s, to target (0.89), to dense's accuracy (0.9), best,
+    # final
+    assert "| 4 | sticky | 0 | 6.0 | 24 | 12 | 18 | 0.950 | 0.600 |" in per_seed(rows, [dense, sticky])
 
 
 def test_perfmodel_table_ratios_predicted_efficiency_and_churn(monkeypatch):
