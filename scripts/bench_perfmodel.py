@@ -161,12 +161,11 @@ def run_churn(name: str, epochs: int, repeats: int, tmp: Path) -> dict:
     for rep in range(repeats):
         rec = launch(np_, [*args, *ARMS["rebalance"], "--epochs", str(epochs), "--seed",
                            str(rep)], pins, tmp / f"{name}-churn-{rep}.json")
-        bal = rec["balance"]
+        bal, base = rec["balance"], summary(rec)
         runs.append({
-            "samples_per_s": rec["samples_per_s"], "first_batches": rec["plan"]["batches"],
-            "final_batches": rec["final_plan"]["batches"],
+            **{k: base[k] for k in ("samples_per_s", "final_batches", "replans_after_epoch_2")},
+            "first_batches": base["batches"],
             "replanned_after_epochs": [e["epoch"] for e in bal if e["replanned"]],
-            "replans_after_epoch_2": sum(e["replanned"] for e in bal if e["epoch"] >= 2),
             "imbalance": [e["imbalance"] for e in bal],
             "steady_imbalance": statistics.median(e["imbalance"] for e in bal[2:]),
             "predicted_gain": [e["predicted_gain"] for e in bal],
