@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Plans from the performance model vs the constant-speed plan, Horovod's equal split and an
-oracle, under emulated and real (CPU-affinity) heterogeneity.
+oracle, under emulated and real heterogeneity (CPU affinity, CPU quotas).
 
 Per scenario, first an oracle search: short runs of a grid of static batch splits around the
 affine plan (every ordered pair of ranks, one step of samples moved), the 3 fastest run twice
@@ -26,8 +26,10 @@ when speeds do not change? Its rows go under ``churn`` in the same JSON.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -38,7 +40,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 EMU = ["--emulate-unit", "2e-3"]
-SCENARIOS = {  # name: (ranks, train args, pin ranks to cores: rank -> core)
+CNN = ["--data", "synthetic", "--model", "cnn", "-B", "120"]
+SCENARIOS = {  # name: (ranks, train args, placement: rank -> (core, share of it or None))
     "emu-1124-B96": (4, ["--data", "digits", "-B", "96", "--emulate-speeds", "1,1,2,4", *EMU],
                      None),
     "emu-1124-B512": (4, ["--data", "synthetic", "-B", "512", "--emulate-speeds", "1,1,2,4",
@@ -46,27 +49,69 @@ SCENARIOS = {  # name: (ranks, train args, pin ranks to cores: rank -> core)
     "emu-18-B96": (2, ["--data", "digits", "-B", "96", "--emulate-speeds", "1,8", *EMU], None),
     "emu-18-B512": (2, ["--data", "synthetic", "-B", "512", "--emulate-speeds", "1,8", *EMU],
                     None),
-    # real compute heterogeneity: rank 0 alone on core 0, ranks 1 and 2 share core 1
-    "real-cnn-3ranks": (3, ["--data", "synthetic", "--model", "cnn", "-B", "120"], [0, 1, 1]),
+    # real compute heterogeneity: rank 0 alone on core 0, ranks 1 and 2 time-share core 1
+    # (a rank's speed then depends on whether the other one is computing or waiting)
+    "real-cnn-3ranks": (3, CNN, [(0, None), (1, None), (1, None)]),
+    # real compute, every rank a fixed CPU share (quota), so no rank's speed depends on
+    # another's load: like three unequal dedicated cores
+    "quota-cnn-3ranks": (3, CNN, [(0, 0.9), (1, 0.5), (1, 0.4)]),
 }
+CPU_CGROUP = Path("/sys/fs/cgroup/cpu")
+QUOTA_PERIOD_US = 4000   # 4 ms: the cap holds within a step (default 100 ms would not)
 MODELLED = ("constant", "affine", "rebalance")  # arms whose plan predicts its step time
 ARMS = {"equal": ["--mode", "equal"], "constant": ["--probe-sizes", "1"], "affine": [],
         "rebalance": ["--rebalance"], "oracle": None}
 
 
-def launch(np_: int, args: list[str], pins: list[int] | None, out: Path) -> dict:
-    """``hetgrad train ARGS`` on local ranks (pinned with taskset when ``pins``)."""
+def launch(np_: int, args: list[str], wrap: list[str] | None, out: Path) -> dict:
+    """``hetgrad train ARGS`` on local ranks, each rank's command behind ``wrap`` (from
+    :func:`placed`) when given."""
     from hetgrad.cli import mpirun_command
     cmd = mpirun_command(np_, ["train", *args, "--quiet", "--out", str(out)])
-    if pins:
+    if wrap:
         i = cmd.index(sys.executable)
-        cases = " ".join(f"{r}) c={c};;" for r, c in enumerate(pins))
-        shell = f'case $OMPI_COMM_WORLD_RANK in {cases} esac; exec taskset -c $c "$@"'
-        cmd = cmd[:i] + ["sh", "-c", shell, "sh"] + cmd[i:]
+        cmd = cmd[:i] + wrap + cmd[i:]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     if p.returncode != 0:
         raise SystemExit(f"bench_perfmodel: run failed: {' '.join(args)}\n{p.stderr[-3000:]}")
     return json.loads(out.read_text())
+
+
+@contextlib.contextmanager
+def placed(placement: list[tuple[int, float | None]] | None):
+    """The command prefix that puts local rank ``r`` on core ``placement[r][0]`` (taskset)
+    and, when ``placement[r][1]`` is a share, in its own cgroup capped at that share of a
+    core (cgroup v1 cpu quota, period :data:`QUOTA_PERIOD_US`); the cgroups are removed on
+    exit, also on failure. None: no prefix."""
+    if not placement:
+        yield None
+        return
+    root = CPU_CGROUP / f"hetgrad-bench-{os.getpid()}"
+    shares = {r: s for r, (_, s) in enumerate(placement) if s}
+    made: list[Path] = []
+    try:
+        for r, share in shares.items():
+            group = root / f"rank{r}"
+            try:
+                group.mkdir(parents=True)
+            except OSError as exc:
+                raise SystemExit(f"bench_perfmodel: cannot create {group} ({exc}); CPU shares "
+                                 "need root and cgroup v1's cpu controller") from None
+            made.insert(0, group)
+            (group / "cpu.cfs_period_us").write_text(str(QUOTA_PERIOD_US))
+            (group / "cpu.cfs_quota_us").write_text(str(round(share * QUOTA_PERIOD_US)))
+        cases = " ".join(
+            f"{r}) c={core};" + (f" echo $$ > {root}/rank{r}/cgroup.procs || exit 97;"
+                                  if r in shares else "") + ";"
+            for r, (core, _) in enumerate(placement))
+        yield ["sh", "-c", f'case $OMPI_COMM_WORLD_RANK in {cases} esac; '
+                           f'exec taskset -c $c "$@"', "sh"]
+    finally:
+        for group in made + ([root] if made else []):
+            try:
+                group.rmdir()
+            except OSError as exc:   # a rank still inside: say so, never hide the run's error
+                print(f"bench_perfmodel: warning: cannot remove {group}: {exc}", file=sys.stderr)
 
 
 def summary(rec: dict) -> dict:
@@ -101,12 +146,12 @@ def grid(batches: list[int], step: int) -> list[list[int]]:
     return out
 
 
-def oracle_search(name, np_, args, pins, epochs, tmp: Path, confirm: int = 2) -> dict:
+def oracle_search(name, np_, args, wrap, epochs, tmp: Path, confirm: int = 2) -> dict:
     """Run the grid around the affine plan once per split, then the best 3 splits ``confirm``
     more times (one short run's noise must not pick the oracle); return the split with the
     best median and every run's throughput."""
     from hetgrad.partition import fixed_plan
-    base = launch(np_, [*args, "--epochs", "2"], pins, tmp / f"{name}-base.json")
+    base = launch(np_, [*args, "--epochs", "2"], wrap, tmp / f"{name}-base.json")
     batches, n = base["plan"]["batches"], base["plan"]["dataset_size"]
     step = max(1, sum(batches) // 48)
     tried = [{"batches": split, "samples_per_s": []} for split in grid(batches, step)]
@@ -115,7 +160,7 @@ def oracle_search(name, np_, args, pins, epochs, tmp: Path, confirm: int = 2) ->
         path = tmp / f"{name}-grid{k}.plan.json"
         fixed_plan(t["batches"], n).save(path)
         rec = launch(np_, [*args, "--plan", str(path), "--epochs", str(max(3, epochs - 1)),
-                           "--seed", str(len(t["samples_per_s"]))], pins,
+                           "--seed", str(len(t["samples_per_s"]))], wrap,
                      tmp / f"{name}-grid{k}.json")
         t["samples_per_s"].append(rec["samples_per_s"])
         print(f"{name} grid {t['batches']}: {rec['samples_per_s']:.0f} samples/s", flush=True)
@@ -133,49 +178,55 @@ def oracle_search(name, np_, args, pins, epochs, tmp: Path, confirm: int = 2) ->
 
 
 def run_scenario(name: str, epochs: int, repeats: int, tmp: Path) -> dict:
-    np_, args, pins = SCENARIOS[name]
+    np_, args, placement = SCENARIOS[name]
     batch = int(args[args.index("-B") + 1])
     if batch % np_:  # the equal arm needs it; say so before the oracle search, not after
         raise SystemExit(f"bench_perfmodel: scenario {name}: -B {batch} is not divisible by "
                          f"{np_} ranks (the equal arm needs it)")
-    oracle = oracle_search(name, np_, args, pins, epochs, tmp)
-    runs: dict[str, list] = {arm: [] for arm in ARMS}
-    for rep in range(repeats):
-        order = list(ARMS) if rep % 2 == 0 else list(ARMS)[::-1]
-        for arm in order:
-            extra = ARMS[arm] if ARMS[arm] is not None else ["--plan", oracle["plan_file"]]
-            rec = launch(np_, [*args, *extra, "--epochs", str(epochs), "--seed", str(rep)],
-                         pins, tmp / f"{name}-{arm}-{rep}.json")
-            runs[arm].append(summary(rec))
-            print(f"{name} {arm} rep {rep}: {runs[arm][-1]['samples_per_s']:.0f} samples/s "
-                  f"batches {runs[arm][-1]['final_batches']}", flush=True)
-    return {"ranks": np_, "args": args, "pins": pins, "oracle_search": oracle, "runs": runs,
-            "table": table(runs)}
+    with placed(placement) as wrap:
+        oracle = oracle_search(name, np_, args, wrap, epochs, tmp)
+        runs: dict[str, list] = {arm: [] for arm in ARMS}
+        for rep in range(repeats):
+            order = list(ARMS) if rep % 2 == 0 else list(ARMS)[::-1]
+            for arm in order:
+                extra = ARMS[arm] if ARMS[arm] is not None else ["--plan", oracle["plan_file"]]
+                rec = launch(np_, [*args, *extra, "--epochs", str(epochs), "--seed", str(rep)],
+                             wrap, tmp / f"{name}-{arm}-{rep}.json")
+                runs[arm].append(summary(rec))
+                print(f"{name} {arm} rep {rep}: {runs[arm][-1]['samples_per_s']:.0f} samples/s "
+                      f"batches {runs[arm][-1]['final_batches']}", flush=True)
+    return {"ranks": np_, "args": args, "placement": placement, "oracle_search": oracle,
+            "runs": runs, "table": table(runs)}
 
 
 def run_churn(name: str, epochs: int, repeats: int, tmp: Path) -> dict:
     """The rebalance arm alone for ``epochs`` epochs, ``repeats`` times: every epoch's
     imbalance, batches and decision, and the re-plans after epoch 2."""
-    np_, args, pins = SCENARIOS[name]
+    np_, args, placement = SCENARIOS[name]
     runs = []
-    for rep in range(repeats):
-        rec = launch(np_, [*args, *ARMS["rebalance"], "--epochs", str(epochs), "--seed",
-                           str(rep)], pins, tmp / f"{name}-churn-{rep}.json")
-        bal, base = rec["balance"], summary(rec)
-        runs.append({
-            **{k: base[k] for k in ("samples_per_s", "final_batches", "replans_after_epoch_2")},
+    with placed(placement) as wrap:
+        for rep in range(repeats):
+            rec = launch(np_, [*args, *ARMS["rebalance"], "--epochs", str(epochs), "--seed",
+                               str(rep)], wrap, tmp / f"{name}-churn-{rep}.json")
+            runs.append(churn_row(rec))
+            r = runs[-1]
+            print(f"{name} churn rep {rep}: re-plans after epochs {r['replanned_after_epochs']}, "
+                  f"steady imbalance {r['steady_imbalance']:.3f}, batches {r['final_batches']}",
+                  flush=True)
+    return {"ranks": np_, "args": args, "placement": placement, "epochs": epochs, "runs": runs}
+
+
+def churn_row(rec: dict) -> dict:
+    """One churn run's every-epoch imbalance, decision and time, and its summary."""
+    bal, base = rec["balance"], summary(rec)
+    return {**{k: base[k] for k in ("samples_per_s", "final_batches", "replans_after_epoch_2")},
             "first_batches": base["batches"],
             "replanned_after_epochs": [e["epoch"] for e in bal if e["replanned"]],
             "imbalance": [e["imbalance"] for e in bal],
             "steady_imbalance": statistics.median(e["imbalance"] for e in bal[2:]),
             "predicted_gain": [e["predicted_gain"] for e in bal],
             "noise": [e["noise"] for e in bal], "batches": [e["batches"] for e in bal],
-            "epoch_time_s": [e["time_s"] for e in rec["epochs"]]})
-        r = runs[-1]
-        print(f"{name} churn rep {rep}: re-plans after epochs {r['replanned_after_epochs']}, "
-              f"steady imbalance {r['steady_imbalance']:.3f}, batches {r['final_batches']}",
-              flush=True)
-    return {"ranks": np_, "args": args, "pins": pins, "epochs": epochs, "runs": runs}
+            "epoch_time_s": [e["time_s"] for e in rec["epochs"]]}
 
 
 def churn_markdown(result: dict) -> str:

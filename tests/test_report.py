@@ -1,5 +1,9 @@
 """`hetgrad report`: grouping over seeds, speed-up against equal, plots written, bad files."""
 import json
+import os
+import re
+import subprocess
+import sys
 
 import pytest
 
@@ -98,3 +102,39 @@ def test_perfmodel_table_ratios_predicted_efficiency_and_churn(monkeypatch):
         "first_batches": [60, 30, 30], "final_batches": [58, 31, 31], "samples_per_s": 5000}]}}}
     row = churn_markdown(churn).splitlines()[-1]
     assert row == "| real | 0 | 6 | 1 (3) | 0.035 | 0.060 | [60, 30, 30] -> [58, 31, 31] | 5000 |"
+
+
+def _affinity_and_cgroup(wrap: list[str], rank: int) -> tuple[str, str]:
+    """What a rank started behind ``wrap`` sees: its allowed cores and its cpu cgroup."""
+    probe = "import os; print(sorted(os.sched_getaffinity(0))); print(open('/proc/self/cgroup').read())"
+    out = subprocess.run([*wrap, sys.executable, "-c", probe], capture_output=True, text=True,
+                         env={**os.environ, "OMPI_COMM_WORLD_RANK": str(rank)}, check=True).stdout
+    cores, _, groups = out.partition("\n")
+    cpu = next((line for line in groups.splitlines() if re.search(r":(cpu|cpu,cpuacct):", line)),
+               "")
+    return cores, cpu
+
+
+def test_perfmodel_placement_pins_ranks_and_caps_their_cpu(monkeypatch):
+    """bench_perfmodel's rank wrapper: rank r runs on its core, in its own quota cgroup when it
+    has a CPU share (quota = share x period), and the cgroups are gone afterwards."""
+    from conftest import ROOT
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import bench_perfmodel as bp
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 cores")
+    with bp.placed(None) as wrap:
+        assert wrap is None
+    with bp.placed([(0, None), (1, None)]) as wrap:
+        assert _affinity_and_cgroup(wrap, 1)[0] == "[1]"
+        assert _affinity_and_cgroup(wrap, 0)[0] == "[0]"
+    if not os.access(bp.CPU_CGROUP, os.W_OK):
+        pytest.skip(f"{bp.CPU_CGROUP} is not writable here (CPU shares need root, cgroup v1)")
+    with bp.placed([(1, None), (0, 0.25)]) as wrap:
+        group = bp.CPU_CGROUP / f"hetgrad-bench-{os.getpid()}" / "rank1"
+        quota = int((group / "cpu.cfs_quota_us").read_text())
+        assert quota == bp.QUOTA_PERIOD_US // 4
+        cores, cpu = _affinity_and_cgroup(wrap, 1)
+        assert cores == "[0]" and cpu.endswith(f"/hetgrad-bench-{os.getpid()}/rank1")
+        assert not _affinity_and_cgroup(wrap, 0)[1].endswith("rank0")
+    assert not group.parent.exists()
