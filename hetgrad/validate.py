@@ -195,8 +195,9 @@ def check_probe_file(cfg: TrainConfig, world_size: int) -> None:
 
 
 def check_probe(cfg: TrainConfig, rank: int) -> data_mod.Dataset:
-    """Every check of ``hetgrad probe``; returns the loaded data."""
-    cfg.check()
+    """Every check of ``hetgrad probe`` (a flag that would do nothing included); returns the
+    loaded data."""
+    check_flags(cfg)
     if rank == 0:
         check_writable(cfg.out, "out")
     return data_mod.load(cfg.data)

@@ -188,6 +188,7 @@ TRAIN = [
 OTHER = [
     (["probe", "--probe-steps", "0"], "--probe-steps: must be >= 1"),
     (["probe", "--out", "/proc/probe.json"], "--out: cannot write in /proc"),
+    (["probe", "--emulate-unit", "0.01"], "--emulate-unit: does nothing without --emulate-speeds"),
     (["plan", "--speeds", "1,2", "-B", "64", "--dataset-size", "1000", "--out",
       "/proc/plan.json"], "--out: cannot write in /proc"),
     (["report", "{d}/rec1.json", "{d}/rec2.json", "--out-dir", "{d}/report"],
