@@ -146,7 +146,9 @@ def main() -> None:
     ap.add_argument("--report", metavar="PREFIX", help="only write tables/plots from --out")
     args = ap.parse_args()
     out = Path(args.out)
-    data = json.loads(out.read_text()) if out.exists() else {"args": vars(args), "rows": []}
+    data = json.loads(out.read_text()) if out.exists() else {
+        "args": vars(args), "rows": [],
+        "env": {k: v for k, v in os.environ.items() if k.startswith("HOROVOD_")}}
     if args.report:
         report(data, args.report)
         return
