@@ -81,3 +81,7 @@ def test_three_rank_exchanges(tmp_path, launcher):
     log = res["topk/union"]["log"]
     assert log["buildup"] == pytest.approx(log["union"] / log["k"])
     assert log["bytes_sent"] > 4 * k and log["bytes_received"] > 2 * 4 * k
+    # the biases (7 entries) ride in the allgather as (index, value) pairs: no allreduce
+    pairs = res["topk/allgather"]["log"]
+    assert pairs["bytes_sent"] == pytest.approx(8 * (pairs["k"] + 7))
+    assert pairs["bytes_received"] == pytest.approx(2 * 8 * (pairs["k"] + 7))

@@ -11,11 +11,16 @@ import tensorflow as tf
 
 from ..aggregate import DenseReducer, Reducer
 from ..errors import InputFileError
-from .exchange import Layout, Outcome, gather_and_sum, leaders_choice, reduce_on, union_of
+from .exchange import (Layout, Outcome, gather_and_sum, leaders_choice, reduce_all, reduce_on,
+                       union_of)
 from .memory import Memory
 from .select import POLICIES
 from .settings import Sparsify
 from .stats import StepLog
+
+
+def _flat(g) -> tf.Tensor:
+    return tf.reshape(tf.convert_to_tensor(g), [-1])
 
 
 class SparseReducer(Reducer):
@@ -79,13 +84,26 @@ class SparseReducer(Reducer):
         out: list = list(grads)
         if self.settings.clip_norm is not None:
             out = self._clipped(out)
-        small = self.dense.reduce([out[i] for i in self.dense_ids]) if self.dense_ids else []
-        for i, g in zip(self.dense_ids, small):
-            out[i] = g
+        small = [_flat(out[i]) for i in self.dense_ids]
+        # the small tensors ride in the sparse exchange's collective when they can (float32)
+        self.small_inside = bool(self.sparse_ids) and all(g.dtype == tf.float32 for g in small)
+        summed = [] if self.small_inside or not small else self.dense.reduce(
+            [out[i] for i in self.dense_ids])
         if self.sparse_ids:
-            flats = [tf.reshape(tf.convert_to_tensor(out[i]), [-1]) for i in self.sparse_ids]
-            for i, d in zip(self.sparse_ids, self._exchange(flats)):
-                out[i] = tf.reshape(d, grads[i].shape)
+            extra = tf.concat(small, 0) if self.small_inside and small else tf.zeros([0])
+            dense, extra_sum = self._exchange([_flat(out[i]) for i in self.sparse_ids], extra)
+            out = self._placed(out, self.sparse_ids, dense, grads)
+            if self.small_inside and small:
+                summed = tf.split(extra_sum, [int(g.shape[0]) for g in small], num=len(small))
+        return self._placed(out, self.dense_ids, summed, grads)
+
+    @staticmethod
+    def _placed(out: list, ids: list[int], values, grads) -> list:
+        """``out`` with ``values`` at ``ids``, each in its gradient's shape (IndexedSlices
+        from the dense reducer as they are)."""
+        out = list(out)
+        for i, v in zip(ids, values):
+            out[i] = tf.reshape(v, grads[i].shape) if isinstance(v, tf.Tensor) else v
         return out
 
     def _clipped(self, grads: list) -> list:
@@ -98,63 +116,68 @@ class SparseReducer(Reducer):
             out[i] = g
         return out
 
-    def _exchange(self, flats: list[tf.Tensor]) -> list[tf.Tensor]:
+    def _exchange(self, flats: list[tf.Tensor], extra: tf.Tensor) -> tuple[list, tf.Tensor]:
+        """The sparsified tensors' dense aggregates, and ``extra`` (sent whole) summed."""
         step, T = self.step.read_value(), len(flats)
         accs = [self.memory.compensate(t, g) for t, g in enumerate(flats)]
         ks, fresh = tf.unstack(self.ks.read_value(), T), tf.unstack(self.fresh.read_value(), T)
         send_all = self.send_all.read_value()
         # only the combination is conditional; memory and policies are updated after it
-        result = tf.cond(send_all, lambda: self._everything(accs),
-                         lambda: self._selected(accs, ks, fresh, step))
+        result = tf.cond(send_all, lambda: reduce_all(accs, extra, self.layout, self.name),
+                         lambda: self._selected(accs, ks, fresh, step, extra))
         for t in range(T):
             self.memory.forget(t, result.sent[t], keep_velocity=send_all)
             self.policy.observe(t, result.union[t], result.aggregate[t], step)
         self.step.assign_add(1)
         union = tf.add_n([tf.size(u) for u in result.union])
         self.log.write(self._stats(tf.where(send_all, union, tf.add_n(ks)), union, send_all))
-        return result.dense
+        return result.dense, result.extra
 
-    def _selected(self, accs: list[tf.Tensor], ks: list, fresh: list, step) -> Outcome:
+    def _selected(self, accs: list[tf.Tensor], ks: list, fresh: list, step,
+                  extra: tf.Tensor) -> Outcome:
         """A sparse step: each rank's choice per tensor, combined by the exchange."""
         idx = [self.policy.select(t, acc, ks[t], fresh[t], step) for t, acc in enumerate(accs)]
-        return self._combine(idx, accs, step)
+        return self._combine(idx, accs, step, extra)
 
-    def _everything(self, accs: list[tf.Tensor]) -> Outcome:
-        """A dense warm-up step: every entry of every rank, summed by one allreduce."""
-        sizes = self.layout.sizes
-        total = hvd.allreduce(tf.concat(accs, 0), op=hvd.Sum, name=f"{self.name}.all")
-        parts = tf.split(total, sizes, num=len(sizes))
-        every = [tf.range(n, dtype=tf.int32) for n in sizes]
-        return Outcome(every, every, parts, parts)
-
-    def _combine(self, idx: list[tf.Tensor], accs: list[tf.Tensor], step) -> Outcome:
+    def _combine(self, idx: list[tf.Tensor], accs: list[tf.Tensor], step,
+                 extra: tf.Tensor) -> Outcome:
         s, name = self.settings, f"{self.name}.sparse"
-        if s.policy != "leader" and s.exchange == "allgather":
-            return gather_and_sum(idx, accs, self.layout, name)
+        if self._pairs():
+            return gather_and_sum(idx, accs, extra, self.layout, name)
         gidx = tf.concat([i + off for i, off in zip(idx, self.layout.offsets)], 0)
         if s.policy == "leader":
             union = leaders_choice(gidx, tf.equal(step % self.size, self.rank), name)
         else:
             union = union_of(gidx, name)
-        return reduce_on(union, accs, self.layout, name)
+        return reduce_on(union, accs, extra, self.layout, name)
 
     def _stats(self, k: tf.Tensor, union: tf.Tensor, dense: tf.Tensor) -> list[tf.Tensor]:
         """k, |U|, and the bytes one rank sends and receives in this exchange (a ring
         allreduce moves ``2 (P-1)/P`` of its vector each way; an allgather delivers the
-        other ``P-1`` ranks' parts), biases' dense allreduce included. ``dense``: the step
-        sent everything (k = |U| = the entries) by one allreduce."""
+        other ``P-1`` ranks' parts), the biases included (in the allreduce, or as pairs in
+        the allgather). ``dense``: the step sent everything (k = |U| = the entries) by one
+        allreduce."""
         P, F, I = self.size, 4.0, 4.0
         ring = 2.0 * (P - 1) / P
         k, u = tf.cast(k, tf.float64), tf.cast(union, tf.float64)
-        small = ring * self.n_small * F
-        if self.settings.policy == "leader":
-            sent = recv = ring * k * (I + F)
-        elif self.settings.exchange == "allgather":
+        small_sent = small_recv = tf.constant(ring * self.n_small * F, tf.float64)
+        if self._pairs():
             sent, recv = k * (I + F), (P - 1) * k * (I + F)
+            if self.small_inside:
+                m = float(self.n_small)
+                small_sent = tf.where(dense, small_sent, tf.constant(m * (I + F), tf.float64))
+                small_recv = tf.where(dense, small_recv,
+                                      tf.constant((P - 1) * m * (I + F), tf.float64))
+        elif self.settings.policy == "leader":
+            sent = recv = ring * k * (I + F)
         else:
             sent, recv = k * I + ring * u * F, (P - 1) * k * I + ring * u * F
         sent, recv = tf.where(dense, ring * k * F, sent), tf.where(dense, ring * k * F, recv)
-        return [k, u, sent + small, recv + small]
+        return [k, u, sent + small_sent, recv + small_recv]
+
+    def _pairs(self) -> bool:
+        """Whether a sparse step exchanges (index, value) pairs by one allgather."""
+        return self.settings.policy != "leader" and self.settings.exchange == "allgather"
 
     def take_log(self) -> list[dict]:
         """Per-exchange statistics since the last call (one host read)."""
