@@ -25,7 +25,8 @@ def _flat(g) -> tf.Tensor:
 
 class SparseReducer(Reducer):
     """Top-k with error feedback for tensors of ``dense_below`` entries or more; smaller ones
-    (biases) go through the dense fused allreduce. ``settings`` (or its fields as keywords):
+    (biases) are sent whole inside the same collective (float32 ones; others through the
+    dense fused allreduce). ``settings`` (or its fields as keywords):
     :class:`~hetgrad.sparse.Sparsify`. Its variables are built on the first exchange (or by
     :meth:`build`); :meth:`state_dict` holds this rank's memory and selection history. The
     density warm-up happens where something calls :meth:`set_density` each epoch
@@ -41,6 +42,7 @@ class SparseReducer(Reducer):
         self.dense = DenseReducer(name=f"{name}.small")
         self.density = self.settings.density   # warm-up: set_density each epoch
         self.shapes: list | None = None
+        self.small_inside = False   # the small tensors ride in the exchange (set per trace)
 
     def build(self, shapes) -> None:
         """Create the variables for gradients of these shapes (None: no gradient)."""
