@@ -42,7 +42,6 @@ class SparseReducer(Reducer):
         self.dense = DenseReducer(name=f"{name}.small")
         self.density = self.settings.density   # warm-up: set_density each epoch
         self.shapes: list | None = None
-        self.small_inside = False   # the small tensors ride in the exchange (set per trace)
 
     def build(self, shapes) -> None:
         """Create the variables for gradients of these shapes (None: no gradient)."""
@@ -88,14 +87,14 @@ class SparseReducer(Reducer):
             out = self._clipped(out)
         small = [_flat(out[i]) for i in self.dense_ids]
         # the small tensors ride in the sparse exchange's collective when they can (float32)
-        self.small_inside = bool(self.sparse_ids) and all(g.dtype == tf.float32 for g in small)
-        summed = [] if self.small_inside or not small else self.dense.reduce(
+        inside = bool(self.sparse_ids and small) and all(g.dtype == tf.float32 for g in small)
+        summed = [] if inside or not small else self.dense.reduce(
             [out[i] for i in self.dense_ids])
         if self.sparse_ids:
-            extra = tf.concat(small, 0) if self.small_inside and small else tf.zeros([0])
+            extra = tf.concat(small, 0) if inside else tf.zeros([0])
             dense, extra_sum = self._exchange([_flat(out[i]) for i in self.sparse_ids], extra)
             out = self._placed(out, self.sparse_ids, dense, grads)
-            if self.small_inside and small:
+            if inside:
                 summed = tf.split(extra_sum, [int(g.shape[0]) for g in small], num=len(small))
         return self._placed(out, self.dense_ids, summed, grads)
 
@@ -132,7 +131,8 @@ class SparseReducer(Reducer):
             self.policy.observe(t, result.union[t], result.aggregate[t], step)
         self.step.assign_add(1)
         union = tf.add_n([tf.size(u) for u in result.union])
-        self.log.write(self._stats(tf.where(send_all, union, tf.add_n(ks)), union, send_all))
+        self.log.write(self._stats(tf.where(send_all, union, tf.add_n(ks)), union, send_all,
+                                   int(extra.shape[0])))
         return result.dense, result.extra
 
     def _selected(self, accs: list[tf.Tensor], ks: list, fresh: list, step,
@@ -153,29 +153,28 @@ class SparseReducer(Reducer):
             union = union_of(gidx, name)
         return reduce_on(union, accs, extra, self.layout, name)
 
-    def _stats(self, k: tf.Tensor, union: tf.Tensor, dense: tf.Tensor) -> list[tf.Tensor]:
+    def _stats(self, k: tf.Tensor, union: tf.Tensor, dense: tf.Tensor,
+               extra: int) -> list[tf.Tensor]:
         """k, |U|, and the bytes one rank sends and receives in this exchange (a ring
         allreduce moves ``2 (P-1)/P`` of its vector each way; an allgather delivers the
-        other ``P-1`` ranks' parts), the biases included (in the allreduce, or as pairs in
-        the allgather). ``dense``: the step sent everything (k = |U| = the entries) by one
-        allreduce."""
+        other ``P-1`` ranks' parts), the biases included: ``extra`` of them ride in the
+        exchange (as pairs in a sparse allgather step), the rest in a ring allreduce.
+        ``dense``: the step sent everything (k = |U| = the entries) by one allreduce."""
         P, F, I = self.size, 4.0, 4.0
         ring = 2.0 * (P - 1) / P
         k, u = tf.cast(k, tf.float64), tf.cast(union, tf.float64)
-        small_sent = small_recv = tf.constant(ring * self.n_small * F, tf.float64)
-        if self._pairs():
-            sent, recv = k * (I + F), (P - 1) * k * (I + F)
-            if self.small_inside:
-                m = float(self.n_small)
-                small_sent = tf.where(dense, small_sent, tf.constant(m * (I + F), tf.float64))
-                small_recv = tf.where(dense, small_recv,
-                                      tf.constant((P - 1) * m * (I + F), tf.float64))
-        elif self.settings.policy == "leader":
-            sent = recv = ring * k * (I + F)
+        if self._pairs():   # a sparse step sends k entries and the extra ones as pairs
+            sent, recv = (k + extra) * (I + F), (P - 1) * (k + extra) * (I + F)
+            small = ring * (self.n_small - extra) * F
         else:
-            sent, recv = k * I + ring * u * F, (P - 1) * k * I + ring * u * F
-        sent, recv = tf.where(dense, ring * k * F, sent), tf.where(dense, ring * k * F, recv)
-        return [k, u, sent + small_sent, recv + small_recv]
+            small = ring * self.n_small * F
+            if self.settings.policy == "leader":
+                sent = recv = ring * k * (I + F)
+            else:
+                sent, recv = k * I + ring * u * F, (P - 1) * k * I + ring * u * F
+        all_ring = ring * (k + self.n_small) * F   # a dense step: one allreduce of everything
+        return [k, u, tf.where(dense, all_ring, sent + small),
+                tf.where(dense, all_ring, recv + small)]
 
     def _pairs(self) -> bool:
         """Whether a sparse step exchanges (index, value) pairs by one allgather."""
