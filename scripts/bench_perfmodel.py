@@ -19,6 +19,10 @@ JSON (every record's summary) and a bar plot.
 oracle) and keeps every epoch's imbalance and decision: does the online model re-plan on noise
 when speeds do not change? Its rows go under ``churn`` in the same JSON.
 
+``--breakdown`` instead runs :data:`BREAKDOWN` once each (the slow emulated rank alone, then
+beside a fast one under three Horovod cycle times): where one step's time goes, under
+``breakdown`` in the JSON.
+
     .venv/bin/python scripts/bench_perfmodel.py --out results/bench_perfmodel.json
     .venv/bin/python scripts/bench_perfmodel.py --scenarios real-cnn-3ranks --churn 20 \
         --repeats 3 --out results/bench_perfmodel_real.json
@@ -58,20 +62,32 @@ SCENARIOS = {  # name: (ranks, train args, placement: rank -> (core, share of it
 }
 CPU_CGROUP = Path("/sys/fs/cgroup/cpu")
 QUOTA_PERIOD_US = 4000   # 4 ms: the cap holds within a step (default 100 ms would not)
+# --breakdown: where a step's time goes, one run each: the slow rank alone (no exchange),
+# then with a fast one, under Horovod's default, a long and a short cycle time
+B512_18 = ["--data", "synthetic", "-B", "512", "--emulate-speeds", "1,8", *EMU]
+BREAKDOWN = {  # name: (ranks, environment, train args)
+    "1 rank, B=59, speed 1": (1, {}, ["--data", "synthetic", "-B", "59", "--emulate-speeds",
+                                      "1", *EMU]),
+    "emu-18-B512": (2, {}, B512_18),
+    "emu-18-B512, HOROVOD_CYCLE_TIME=5": (2, {"HOROVOD_CYCLE_TIME": "5"}, B512_18),
+    "emu-18-B512, HOROVOD_CYCLE_TIME=0.2": (2, {"HOROVOD_CYCLE_TIME": "0.2"}, B512_18),
+}
 MODELLED = ("constant", "affine", "rebalance")  # arms whose plan predicts its step time
 ARMS = {"equal": ["--mode", "equal"], "constant": ["--probe-sizes", "1"], "affine": [],
         "rebalance": ["--rebalance"], "oracle": None}
 
 
-def launch(np_: int, args: list[str], wrap: list[str] | None, out: Path) -> dict:
+def launch(np_: int, args: list[str], wrap: list[str] | None, out: Path,
+           env: dict[str, str] | None = None) -> dict:
     """``hetgrad train ARGS`` on local ranks, each rank's command behind ``wrap`` (from
-    :func:`placed`) when given."""
+    :func:`placed`) when given, with ``env`` added to the environment."""
     from hetgrad.cli import mpirun_command
     cmd = mpirun_command(np_, ["train", *args, "--quiet", "--out", str(out)])
     if wrap:
         i = cmd.index(sys.executable)
         cmd = cmd[:i] + wrap + cmd[i:]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
+                       env={**os.environ, **(env or {})})
     if p.returncode != 0:
         raise SystemExit(f"bench_perfmodel: run failed: {' '.join(args)}\n{p.stderr[-3000:]}")
     return json.loads(out.read_text())
@@ -229,6 +245,41 @@ def churn_row(rec: dict) -> dict:
             "epoch_time_s": [e["time_s"] for e in rec["epochs"]]}
 
 
+def run_breakdown(epochs: int, tmp: Path) -> dict:
+    """One run per :data:`BREAKDOWN` entry: the plan's predicted step, and per step (medians
+    over the epochs after the first) the slowest rank's busy time, its wait, the epoch time."""
+    out = {}
+    for k, (name, (np_, env, args)) in enumerate(BREAKDOWN.items()):
+        rec = launch(np_, [*args, "--epochs", str(epochs)], None, tmp / f"breakdown{k}.json",
+                     env)
+        steps, bal = rec["plan"]["steps_per_epoch"], rec["balance"][1:]
+        slow = [max(range(np_), key=lambda r: e["busy_s"][r]) for e in bal]
+        med = lambda xs: statistics.median(xs) / steps  # noqa: E731
+        out[name] = {"ranks": np_, "env": env, "args": args,
+                     "batches": rec["plan"]["batches"],
+                     "predicted_step_s": rec["plan"]["predicted_step_s"],
+                     "busy_step_s": med([e["busy_s"][r] for e, r in zip(bal, slow)]),
+                     "wait_step_s": med([e["wait_s"][r] for e, r in zip(bal, slow)]),
+                     "epoch_step_s": med([e["time_s"] for e in rec["epochs"][1:]]),
+                     "efficiency": rec["throughput_efficiency"]}
+        print(breakdown_markdown({"breakdown": out}).splitlines()[-1], flush=True)
+    return out
+
+
+def breakdown_markdown(result: dict) -> str:
+    """One row per breakdown run ("" without them)."""
+    if not result.get("breakdown"):
+        return ""
+    lines = ["| run | batches | predicted step | slowest busy step | its wait | epoch time / "
+             "steps | efficiency vs sum s_i |", "|---|---|---|---|---|---|---|"]
+    ms = lambda v: f"{1e3 * v:.1f} ms"  # noqa: E731
+    for name, r in result["breakdown"].items():
+        lines.append(f"| {name} | {r['batches']} | {ms(r['predicted_step_s'])} "
+                     f"| {ms(r['busy_step_s'])} | {ms(r['wait_step_s'])} "
+                     f"| {ms(r['epoch_step_s'])} | {r['efficiency']:.3f} |")
+    return "\n".join(lines)
+
+
 def churn_markdown(result: dict) -> str:
     """One row per churn run: re-plans, steady imbalance, plans ("" without churn runs)."""
     if not result.get("churn"):
@@ -344,17 +395,25 @@ def main() -> None:
     ap.add_argument("--plot", default="docs/img/perfmodel.png")
     ap.add_argument("--churn", type=int, metavar="EPOCHS",
                     help="only the rebalance arm, this many epochs, to count re-plans")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="only the runs of BREAKDOWN: where one step's time goes")
     ap.add_argument("--table", action="store_true", help="print the table of --out and stop")
     args = ap.parse_args()
     out = Path(args.out)
     if args.table:
         result = json.loads(out.read_text())
         parts = [markdown(result) if result.get("scenarios") else "",
-                 gap_markdown(result) if result.get("scenarios") else "", churn_markdown(result)]
+                 gap_markdown(result) if result.get("scenarios") else "", churn_markdown(result),
+                 breakdown_markdown(result)]
         print("\n\n".join(p for p in parts if p))
         return
     result = json.loads(out.read_text()) if out.exists() else {"scenarios": {}}
     with tempfile.TemporaryDirectory() as tmp:
+        if args.breakdown:
+            result["breakdown"] = run_breakdown(args.epochs, Path(tmp))
+            out.write_text(json.dumps(result, indent=2))
+            print(breakdown_markdown(result))
+            return
         if args.churn:
             for name in args.scenarios.split(","):
                 result.setdefault("churn", {})[name] = run_churn(name, args.churn, args.repeats,

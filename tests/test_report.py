@@ -72,7 +72,7 @@ def test_perfmodel_table_ratios_predicted_efficiency_and_churn(monkeypatch):
     prediction gives (B / t_pred / sum s_i), and the churn rows."""
     from conftest import ROOT
     monkeypatch.syspath_prepend(str(ROOT / "scripts"))
-    from bench_perfmodel import churn_markdown, gap_markdown, table
+    from bench_perfmodel import breakdown_markdown, churn_markdown, gap_markdown, table
 
     def run(sps, pred=None):
         return {"samples_per_s": sps, "efficiency": sps / 1000, "batches": [30, 70],
@@ -102,6 +102,12 @@ def test_perfmodel_table_ratios_predicted_efficiency_and_churn(monkeypatch):
         "first_batches": [60, 30, 30], "final_batches": [58, 31, 31], "samples_per_s": 5000}]}}}
     row = churn_markdown(churn).splitlines()[-1]
     assert row == "| real | 0 | 6 | 1 (3) | 0.035 | 0.060 | [60, 30, 30] -> [58, 31, 31] | 5000 |"
+    assert breakdown_markdown({}) == ""
+    one = {"batches": [57, 455], "predicted_step_s": 0.1207, "busy_step_s": 0.1256,
+           "wait_step_s": 0.0039, "epoch_step_s": 0.1298, "efficiency": 0.9012}
+    row = breakdown_markdown({"breakdown": {"two ranks": one}}).splitlines()[-1]
+    assert row == ("| two ranks | [57, 455] | 120.7 ms | 125.6 ms | 3.9 ms | 129.8 ms "
+                   "| 0.901 |")
 
 
 def _affinity_and_cgroup(wrap: list[str], rank: int) -> tuple[str, str]:
