@@ -20,7 +20,7 @@ from .errors import ConfigError, HetgradError
 
 PROBE_OPTIONS = ("data", "model", "loss", "emulate_speeds", "emulate_unit", "threads", "device",
                  "global_batch", "max_batch", "probe_batch", "probe_sizes", "probe_steps",
-                 "probe_timeout", "out")
+                 "probe_refine", "probe_timeout", "out")
 PROBE_OVERRIDES = {"out": dict(default="probe.json", help="where rank 0 writes the results")}
 PLAN_OPTIONS = ("speeds", "probe_file", "global_batch", "data", "min_batch", "max_batch", "out")
 PLAN_OVERRIDES = {"probe_file": dict(flag="--probe", help="probe.json from `hetgrad probe`"),
@@ -105,9 +105,11 @@ def probe(**values):
             probe_mod.save(results, cfg.out)
             click.echo(f"hetgrad: probe -> {cfg.out}", err=True)
             for r in results:
+                at_plan = (f", x{r.scale:.3f} at its planned batch {r.plan_points[-1][0]}"
+                           if r.plan_points else "")
                 click.echo(f"rank {r.rank} {r.host} {r.device}: {r.samples_per_s:.1f} samples/s, "
                            f"{1e3 * r.fixed_s:.2f} ms fixed per step ({r.kind}, fit error "
-                           f"{100 * r.fit_error:.1f}%)")
+                           f"{100 * r.fit_error:.1f}%{at_plan})")
     _run(body, {n: flag_of(n, PROBE_OVERRIDES) for n in PROBE_OPTIONS})
 
 

@@ -56,6 +56,15 @@ class Comm:
     def barrier(self) -> None:
         self.allgather(None)
 
+    def exchange_barrier(self) -> None:
+        """Wait for every rank the way training's gradient exchange waits: in a Horovod
+        allreduce (MPI's own blocking calls spin on a core while they wait, which slows the
+        ranks still computing where cores are shared)."""
+        import horovod.tensorflow as hvd
+        import tensorflow as tf
+        with tf.device("/CPU:0"):
+            hvd.allreduce(tf.zeros([1]), op=hvd.Sum, name="hetgrad_exchange_barrier")
+
     def gather_with_timeout(self, obj: Any, timeout: float, field: str = "probe_timeout") -> list:
         """Allgather ``obj``; a rank that has not reported within ``timeout`` seconds is named
         in a :class:`PeerTimeoutError` (raised on rank 0) instead of being waited for forever."""

@@ -34,8 +34,9 @@ class StepModel:
             return self.scale * _interpolate(self.points, b)
         return self.scale * (self.fixed_s + b / self.samples_per_s)
 
-    def scaled(self, scale: float) -> "StepModel":
-        return StepModel(**{**asdict(self), "scale": float(scale)})
+    def scaled(self, factor: float) -> "StepModel":
+        """This model with its times multiplied by ``factor`` (on top of its own scale)."""
+        return StepModel(**{**asdict(self), "scale": self.scale * float(factor)})
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -75,6 +76,17 @@ def fit(points: Sequence[Sequence[float]], noise: Sequence[float] | None = None)
     if len(pts) >= 2 and any(m > max(PIECEWISE_ABOVE, 2 * e) for m, (_, e) in zip(misses, rows)):
         model.kind = "piecewise"
     return model
+
+
+def scale_through(model: StepModel, points: Sequence[Sequence[float]],
+                  weights: Sequence[float] | None = None) -> float:
+    """The factor ``k`` that best fits ``k * model.time(b)`` to ``points`` (``[batch,
+    seconds]``) by weighted least squares: how far the model is off where it was measured."""
+    weights = list(weights) if weights is not None else [1.0] * len(points)
+    if not points:
+        return 1.0
+    num = sum(w * t * model.time(b) for w, (b, t) in zip(weights, points))
+    return num / sum(w * model.time(b) ** 2 for w, (b, _) in zip(weights, points))
 
 
 def relative_noise(times: Sequence[float]) -> float:

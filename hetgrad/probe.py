@@ -1,12 +1,13 @@
 """Start-up probe: every rank times real training steps of the actual model at several batch
 sizes, fits its step-time model (:mod:`hetgrad.perfmodel`), and the results are allgathered,
-so all ranks know every rank's model."""
+so all ranks know every rank's model. :func:`refine` then times every rank at its batch of the
+plan those models give and corrects each model there."""
 from __future__ import annotations
 
 import socket
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -16,13 +17,14 @@ from .comm import Comm
 from .compat import keras
 from .errors import InputFileError
 from .io import read_json, typed, write_json
-from .perfmodel import StepModel, fit, relative_noise
+from .perfmodel import StepModel, fit, relative_noise, scale_through
 
 
 @dataclass
 class ProbeResult:
-    """One rank's probe: the measured ``points`` (``[batch, median seconds per step]``) and
-    the step-time model fitted to them (:func:`hetgrad.perfmodel.fit`)."""
+    """One rank's probe: the measured ``points`` (``[batch, median seconds per step]``), the
+    step-time model fitted to them (:func:`hetgrad.perfmodel.fit`), and the ``scale`` that
+    corrects it to the ``plan_points`` timed at the planned batches (:func:`refine`)."""
 
     rank: int
     host: str
@@ -35,6 +37,8 @@ class ProbeResult:
     step_times_s: list = field(default_factory=list)   # per point: every timed step
     probe_batch: int | None = None                      # files from before the model
     emulation: str | None = None                        # "--emulate-speeds@unit" timed under
+    plan_points: list[list[float]] = field(default_factory=list)  # [batch, s] at the plan
+    scale: float = 1.0                                  # model correction at plan_points
 
     def __post_init__(self):
         if not self.points and self.probe_batch:  # old file: one size, constant speed
@@ -43,10 +47,11 @@ class ProbeResult:
 
     def model(self) -> StepModel:
         return StepModel(self.fixed_s, self.samples_per_s, self.kind,
-                         [list(p) for p in self.points], self.fit_error)
+                         [list(p) for p in self.points], self.fit_error, self.scale)
 
 
 Batch = Callable[[int], tuple]  # batch size -> (x, y) of that many samples
+Planner = Callable[[list[StepModel]], list[int]]  # every rank's model -> every rank's batch
 
 
 def synthetic_batches(input_shape, num_classes: int, seed: int = 0) -> Batch:
@@ -59,6 +64,7 @@ def synthetic_batches(input_shape, num_classes: int, seed: int = 0) -> Batch:
 def measure(model: keras.Model, batch_of: Batch, *, batches: Sequence[int], warmup: int = 3,
             steps: int = 10, before_step: Callable[[int], None] | None = None,
             sync: Callable[[], object] | None = None,
+            step_sync: Callable[[], object] | None = None,
             on_point: Callable[[int, float], None] | None = None) -> tuple[list, list]:
     """Median seconds per ``model.train_on_batch`` step at each batch size, on the batches
     ``batch_of(b)`` gives: ``([[batch, seconds], ...], [step times per batch])``.
@@ -66,7 +72,9 @@ def measure(model: keras.Model, batch_of: Batch, *, batches: Sequence[int], warm
     The model must be compiled; its weights change. ``before_step(n)`` runs inside each timed
     step (speed emulation). ``sync()`` runs before each size, so that all ranks time the same
     size together, under the contention training has (not a slow rank's small batches against
-    the fast ranks' large ones). ``on_point(batch, seconds)`` reports each size when done.
+    the fast ranks' large ones). ``step_sync()`` runs before every step (not timed), as
+    training's exchange does: ranks at different batches then overlap as in training.
+    ``on_point(batch, seconds)`` reports each size when done.
     """
     before_step = before_step or (lambda n: None)
     points, all_times = [], []
@@ -79,6 +87,8 @@ def measure(model: keras.Model, batch_of: Batch, *, batches: Sequence[int], warm
             model.train_on_batch(x, y)
         times = []
         for _ in range(steps):
+            if step_sync:
+                step_sync()
             t0 = time.perf_counter()
             before_step(batch)
             model.train_on_batch(x, y)
@@ -92,10 +102,12 @@ def measure(model: keras.Model, batch_of: Batch, *, batches: Sequence[int], warm
 
 def run_probe(comm: Comm, build_model: Callable[[], keras.Model], input_shape, num_classes: int,
               *, device: str, batches: Sequence[int], warmup: int = 3, steps: int = 10,
-              before_step: Callable[[int], None] | None = None,
-              timeout: float = 300.0, loss, verbose: bool = False) -> list[ProbeResult]:
+              before_step: Callable[[int], None] | None = None, planner: Planner | None = None,
+              rounds: int = 1, timeout: float = 300.0, loss,
+              verbose: bool = False) -> list[ProbeResult]:
     """Probe a fresh copy of ``hetgrad train``'s model, compiled with its ``loss``, on
-    synthetic batches (``verbose``: rank 0 says what it times, size by size)."""
+    synthetic batches, then :func:`refine` it at the ``planner``'s batches (``rounds`` at
+    most; no ``planner``: not refined). ``verbose``: rank 0 says what it times."""
     model = build_model()
     model.compile(optimizer=keras.optimizers.SGD(0.0), loss=loss)
     say = verbose and comm.rank == 0
@@ -104,11 +116,42 @@ def run_probe(comm: Comm, build_model: Callable[[], keras.Model], input_shape, n
               f"ranks, {warmup} warm-up + {steps} steps each", flush=True)
     report = (lambda b, t: print(f"hetgrad: probe: batch {b}: {1e3 * t:.1f} ms/step on rank 0",
                                  flush=True)) if say else None
-    points, times = measure(model, synthetic_batches(input_shape, num_classes),
-                            batches=batches, warmup=warmup, steps=steps, before_step=before_step,
-                            sync=lambda: comm.gather_with_timeout(None, timeout),
-                            on_point=report)
-    return share(comm, points, times, device, timeout)
+
+    def time_at(sizes: Sequence[int], lockstep: bool = False) -> tuple[list, list]:
+        return measure(model, synthetic_batches(input_shape, num_classes), batches=sizes,
+                       warmup=warmup, steps=steps, before_step=before_step,
+                       sync=lambda: comm.gather_with_timeout(None, timeout),
+                       step_sync=comm.exchange_barrier if lockstep else None, on_point=report)
+
+    results = share(comm, *time_at(batches), device, timeout)
+    return refine(comm, results, planner, time_at, rounds, timeout) if planner else results
+
+
+def refine(comm: Comm, results: list[ProbeResult], planner: Planner,
+           time_at: Callable[..., tuple[list, list]], rounds: int,
+           timeout: float) -> list[ProbeResult]:
+    """Time every rank at its batch of the plan the models give, all ranks in lockstep (so
+    under the contention training will have, each rank at its own batch:
+    ``time_at(sizes, lockstep=True)``), and scale each model through what it measured there (FuPerMod refines its models at the partition's points):
+    a plan off by a sample or two from noise in the fitted fixed costs is then corrected
+    before training starts. Up to ``rounds`` rounds, while the plan still moves."""
+    batches = None
+    for _ in range(rounds):
+        planned = planner([r.model() for r in results])
+        if planned == batches:
+            break
+        batches = planned
+        (point,), _ = time_at([batches[comm.rank]], lockstep=True)
+        gathered = comm.gather_with_timeout(point, timeout)
+        results = [_corrected(r, p) for r, p in zip(results, gathered)]
+    return results
+
+
+def _corrected(result: ProbeResult, point: list[float]) -> ProbeResult:
+    """``result`` with ``point`` added to its plan points and its scale refitted to them."""
+    points = result.plan_points + [list(point)]
+    return replace(result, plan_points=points,
+                   scale=scale_through(replace(result, scale=1.0).model(), points))
 
 
 def share(comm: Comm, points: list, times: list, device: str,

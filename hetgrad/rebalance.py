@@ -19,7 +19,7 @@ from typing import Sequence
 
 from .errors import ConfigError
 from .partition import Plan, make_plan
-from .perfmodel import StepModel, constant
+from .perfmodel import StepModel, constant, scale_through
 
 
 @dataclass
@@ -63,11 +63,8 @@ class OnlineModel:
         self.changes: list[float] = []   # relative misses of each new point (noise)
 
     def scale(self) -> float:
-        if not self.points:
-            return 1.0
         w = [self.decay ** (len(self.points) - 1 - k) for k in range(len(self.points))]
-        num = sum(wk * t * self.base.time(b) for wk, (b, t) in zip(w, self.points))
-        return num / sum(wk * self.base.time(b) ** 2 for wk, (b, _) in zip(w, self.points))
+        return scale_through(self.base, self.points, w)
 
     def add(self, b: float, t: float) -> None:
         if self.points:

@@ -109,8 +109,21 @@ def measure_ranks(cfg: TrainConfig, comm, data, device: str, state: dict | None 
             batches=probe_sizes(cfg, comm.rank, comm.size), steps=cfg.probe_steps,
             timeout=cfg.probe_timeout,
             before_step=emulation.emulator.pause if emulation else None,
-            loss=models.loss(cfg.loss), verbose=not cfg.quiet)
+            planner=planner_of(cfg) if planned_by_probe(cfg) else None,
+            rounds=cfg.probe_refine, loss=models.loss(cfg.loss), verbose=not cfg.quiet)
     return [replace(r, emulation=cfg.emulation_spec()) for r in results]
+
+
+def planned_by_probe(cfg: TrainConfig) -> bool:
+    """Whether the plan comes from the probe (not a plan file, given speeds or mode equal)."""
+    return not (cfg.plan or cfg.speeds or cfg.mode == "equal")
+
+
+def planner_of(cfg: TrainConfig):
+    """Step models -> the batches :func:`choose_plan` would give them (the probe refines
+    its models there)."""
+    return lambda models: make_plan(models, cfg.global_batch, cfg.global_batch,
+                                    min_batch=cfg.min_batch, max_batch=cfg.max_batch).batches
 
 
 def probe_sizes(cfg: TrainConfig, rank: int, size: int) -> list[int]:
@@ -189,9 +202,8 @@ def default_actions(job: Job) -> list[Action]:
     test = tf.data.Dataset.from_tensor_slices((job.data.x_test, job.data.y_test)).batch(512)
     actions.append(Evaluation(test, verbose))
     if job.aggregation is not None:  # measures every epoch; re-plans only with --rebalance
-        planned_by_probe = not (cfg.plan or cfg.speeds or cfg.mode == "equal")
         rebalancer = Rebalancer(
-            job.comm, models=[p.model() for p in job.probe] if planned_by_probe else None,
+            job.comm, models=[p.model() for p in job.probe] if planned_by_probe(cfg) else None,
             threshold=cfg.rebalance_threshold if cfg.rebalance else None,
             min_batch=cfg.min_batch, max_batch=cfg.max_batch)
         actions.append(Balance(rebalancer, verbose))

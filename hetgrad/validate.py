@@ -31,6 +31,8 @@ NEEDS = {
     "emulate_unit": (lambda c: bool(c.emulate_speeds), "--emulate-speeds"),
     **{name: (lambda c: not c.probe_file, "a probe (not --probe-file)")
        for name in ("probe_batch", "probe_sizes", "probe_steps", "probe_timeout")},
+    "probe_refine": (lambda c: not (c.probe_file or c.plan or c.speeds or c.mode == "equal"),
+                     "a probe that plans (not --probe-file, --plan, --speeds or --mode equal)"),
     **{name: (lambda c: not c.plan and c.mode != "equal",
               "the partitioner (not --plan or --mode equal)")
        for name in ("speeds", "min_batch", "max_batch")},
@@ -42,7 +44,7 @@ RESUMED_AS_SAVED = ("data", "model", "loss", "mode", "weighting", "optimizer", "
                     "sparsify", "density", "exchange", "dense_below", "momentum_correction",
                     "momentum_unmasked", "density_warmup", "dense_above", "fresh",
                     "plan", "speeds", "min_batch", "max_batch", "probe_file", "probe_batch",
-                    "probe_sizes", "probe_steps")
+                    "probe_sizes", "probe_steps", "probe_refine")
 
 
 def given(cfg: TrainConfig) -> list[str]:

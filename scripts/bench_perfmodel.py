@@ -7,8 +7,12 @@ affine plan (every ordered pair of ranks, one step of samples moved), the 3 fast
 more, the best by median becomes the ``oracle`` arm. Then the arms, interleaved (the order turns every repeat):
 
 - ``equal``: Horovod's split (``--mode equal``);
-- ``constant``: the old plan, one probe size, constant speed (``--probe-sizes 1``);
-- ``affine``: the default, probe at 3 sizes, equal predicted step time;
+- ``constant``: the old plan, one probe size, constant speed, not refined (``--probe-sizes 1
+  --probe-refine 0``);
+- ``unrefined``: probe at 3 sizes, equal predicted step time of the fitted models
+  (``--probe-refine 0``);
+- ``affine``: the default: ``unrefined``, then every rank timed at its planned batch, all in
+  lockstep, and its model scaled through that point (one refinement round);
 - ``rebalance``: affine plus ``--rebalance`` (the online model);
 - ``oracle``: the best split the grid found (``--plan``).
 
@@ -72,8 +76,9 @@ BREAKDOWN = {  # name: (ranks, environment, train args)
     "emu-18-B512, HOROVOD_CYCLE_TIME=5": (2, {"HOROVOD_CYCLE_TIME": "5"}, B512_18),
     "emu-18-B512, HOROVOD_CYCLE_TIME=0.2": (2, {"HOROVOD_CYCLE_TIME": "0.2"}, B512_18),
 }
-MODELLED = ("constant", "affine", "rebalance")  # arms whose plan predicts its step time
-ARMS = {"equal": ["--mode", "equal"], "constant": ["--probe-sizes", "1"], "affine": [],
+MODELLED = ("constant", "unrefined", "affine", "rebalance")  # arms whose plan predicts its step time
+ARMS = {"equal": ["--mode", "equal"], "constant": ["--probe-sizes", "1", "--probe-refine", "0"],
+        "unrefined": ["--probe-refine", "0"], "affine": [],
         "rebalance": ["--rebalance"], "oracle": None}
 
 
@@ -374,7 +379,8 @@ def plot(result: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(2.2 * len(names) + 2, 4))
     width = 0.8 / len(arms)
     for k, arm in enumerate(arms):
-        vals = [result["scenarios"][n]["table"][arm]["over_oracle"] for n in names]
+        vals = [result["scenarios"][n]["table"].get(arm, {}).get("over_oracle", 0.0)
+                for n in names]  # (an arm added later is missing from older scenarios)
         ax.bar([i + k * width for i in range(len(names))], vals, width, label=arm)
     ax.axhline(0.97, color="grey", ls="--", lw=0.8, label="0.97 of oracle")
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(names))], names, fontsize=8)

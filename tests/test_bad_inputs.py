@@ -139,6 +139,7 @@ TRAIN = [
     (["--overwrite"], "--overwrite: does nothing without --checkpoint-dir"),
     (["--probe-file", "{d}/probe2.json", "--probe-steps", "3"], "--probe-steps: does nothing without a probe (not --probe-file)"),
     (["--mode", "equal", "--speeds", "2"], "--speeds: does nothing without the partitioner"),
+    (["--speeds", "1", "--probe-refine", "2"], "--probe-refine: does nothing without a probe that plans"),
     (["--plan", "{d}/plan-sum.json", "--max-batch", "50"], "--max-batch: does nothing without the partitioner"),
     # outputs that cannot be written: found first, nothing is left behind
     (["--out", "/nonexistent/dir/run.json"], "--out: directory /nonexistent/dir does not exist"),

@@ -21,6 +21,9 @@ def test_probe_plan_shard_on_three_ranks(tmp_path):
         assert r["same_state"], name       # weights and optimizer slots untouched
         assert r["ranks"] == [0, 1, 2] and r["positive"], r
         assert r["batches"] == [[2, 7, 24]] * 3, r  # geometric from B / (4 P) = 2 to B = 24
+        # then each rank timed once at its batch of the plan, its model scaled through it
+        assert [len(b) for b in r["refined_at"]] == [1, 1, 1], r
+        assert sum(b for (b,) in r["refined_at"]) == 24 and r["through_point"], r
     assert sum(res["probe_plan"]) == 24
     assert res["plan"] == {"batches": [3, 7, 14], "last": [1, 1, 2]}  # 4 full steps + 4
     # a whole epoch with the partial final step equals one process on the global batches

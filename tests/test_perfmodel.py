@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from hetgrad.partition import Plan, make_plan
-from hetgrad.probe import ProbeResult
+from hetgrad.probe import ProbeResult, refine
 from hetgrad.perfmodel import (StepModel, constant, equal_time_batches, fit, probe_batches,
-                               relative_noise)
+                               relative_noise, scale_through)
 
 
 def test_affine_fit_recovers_fixed_cost_and_speed():
@@ -122,6 +122,47 @@ def test_constant_model_is_the_zero_fixed_cost_case():
     assert StepModel(0.0, 250.0).time(50) == constant(250.0).time(50)
 
 
+def test_scale_multiplies_and_fits_through_the_measured_points():
+    m = StepModel(0.004, 500.0)
+    assert m.scaled(2.0).scaled(1.5).time(10) == pytest.approx(3.0 * m.time(10))
+    assert scale_through(m, [[10, 0.9 * m.time(10)]]) == pytest.approx(0.9)
+    assert scale_through(m, [[10, 0.9 * m.time(10)], [20, 1.1 * m.time(20)]],
+                         [0.0, 1.0]) == pytest.approx(1.1)
+
+
+def test_refine_corrects_a_plan_a_noisy_fixed_cost_put_off_by_a_sample():
+    """Slow rank 2 ms/sample, fast 0.25 ms/sample, both 4 ms fixed; the probe put the slow
+    rank's fixed cost at 6.4 ms. Timing both at the plan it gives and scaling the models there
+    gives the plan of the true models."""
+    true = [StepModel(0.004, 500.0), StepModel(0.004, 4000.0)]
+    probed = [StepModel(0.0064, 500.0), StepModel(0.004, 4000.0)]
+    planned = []
+
+    def planner(models):
+        planned.append(make_plan(models, 96, 96).batches)
+        return planned[-1]
+
+    class TwoRanks:  # rank 0 of two; rank 1 reports its true time at its planned batch
+        rank, size = 0, 2
+
+        def gather_with_timeout(self, point, timeout):
+            b1 = planned[-1][1]
+            return [point, [b1, true[1].time(b1)]]
+
+    results = [ProbeResult(r, "host", "/CPU:0", m.samples_per_s, m.fixed_s)
+               for r, m in enumerate(probed)]
+    time_at = lambda sizes, lockstep: ([[sizes[0], true[0].time(sizes[0])]], [[]])  # noqa: E731
+    out = refine(TwoRanks(), results, planner, time_at, rounds=1, timeout=1.0)
+    assert planned == [[9, 87]] and make_plan(true, 96, 96).batches == [10, 86]
+    assert out[0].plan_points == [[9, pytest.approx(true[0].time(9))]]
+    assert out[0].scale == pytest.approx(true[0].time(9) / probed[0].time(9))
+    assert out[1].scale == pytest.approx(1.0)
+    assert make_plan([r.model() for r in out], 96, 96).batches == [10, 86]
+    # a second round times the new plan, and stops once the plan no longer moves
+    out = refine(TwoRanks(), results, planner, time_at, rounds=3, timeout=1.0)
+    assert planned[1:] == [[9, 87], [10, 86], [10, 86]] and len(out[0].plan_points) == 2
+
+
 def test_probe_record_and_per_rank_timers_on_two_ranks(tmp_path):
     """Rank 1 emulated 4x faster; mode uneven-avg (a baseline) is timed like weighted."""
     from conftest import hetgrad_mpi, read_json
@@ -141,9 +182,18 @@ def test_probe_record_and_per_rank_timers_on_two_ranks(tmp_path):
             assert abs(model.time(b) - t) <= max(0.10, 2 * e) * t + 1e-12, entry
         times = [t for _, t in entry["points"]]
         assert times == sorted(times)
+        # refined once: timed at its planned batch, the model scaled through that point
+        (b, t), = entry["plan_points"]
+        assert ProbeResult(**entry).model().time(b) == pytest.approx(t)
+        assert entry["scale"] == pytest.approx(t / ProbeResult(**{**entry, "scale": 1}).model().time(b))
     slow, fast = rec["probe"]
     assert 2.0 < fast["samples_per_s"] / slow["samples_per_s"] < 5.0
+    assert slow["plan_points"][0][0] < fast["plan_points"][0][0]
+    assert sum(p["plan_points"][0][0] for p in rec["probe"]) == 96
     plan = rec["plan"]
+    models = [ProbeResult(**p).model() for p in rec["probe"]]
+    assert plan["predicted_times_s"] == pytest.approx(
+        [m.time(b) for m, b in zip(models, plan["batches"])])
     assert plan["batches"][0] < plan["batches"][1] and plan["predicted_step_s"] > 0
     assert len(plan["predicted_times_s"]) == 2
     # each rank's own busy time and epoch time (not a cross-rank mean)

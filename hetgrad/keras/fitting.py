@@ -84,7 +84,7 @@ def fit(model, x, y=None, *, global_batch: int, epochs: int, validation_data=Non
     elif plan is None:
         perf = probe(model, x, y, global_batch=global_batch, steps=probe_steps,
                      max_batch=max_batch[comm.rank] if isinstance(max_batch, Sequence)
-                     else max_batch, device=device)
+                     else max_batch, min_batch=min_batch, device=device)
         plan = make_plan(perf, global_batch, n, min_batch=min_batch, max_batch=max_batch)
     _check_plan(plan, comm.size, n, global_batch)
     optimizer = _weighted(model, plan, comm.rank, sparsify)

@@ -10,13 +10,15 @@ from .. import compat
 from ..emulate import SpeedEmulator, from_env
 from ..errors import HetgradError
 from ..perfmodel import probe_batches
-from ..probe import ProbeResult, measure, share
+from ..partition import make_plan
+from ..probe import ProbeResult, measure, refine as refine_models, share
 from .data import num_samples, take
 
 
 def probe(model, x, y=None, *, global_batch: int | None = None,
           batches: Sequence[int] | None = None, max_batch: int | None = None,
-          steps: int = 8, warmup: int = 3, timeout: float = 300.0, device: str = "",
+          min_batch: int = 1, steps: int = 8, warmup: int = 3, refine: int = 1,
+          timeout: float = 300.0, device: str = "",
           before_step: Callable[[int], None] | None = None) -> list[ProbeResult]:
     """Time ``model.train_on_batch`` on the first ``b`` samples of ``(x, y)`` for each probe
     batch ``b`` and fit this rank's step-time model; every rank returns all ranks' results
@@ -27,7 +29,9 @@ def probe(model, x, y=None, *, global_batch: int | None = None,
     global batch ``B`` (or ``max_batch``, this rank's memory cap). The model's weights, its
     optimizer's state and its metrics are exactly as before when the probe returns.
     ``before_step(b)``: called before each timed step (default: the emulated sleep of
-    ``HETGRAD_EMULATE_SPEEDS``, if set).
+    ``HETGRAD_EMULATE_SPEEDS``, if set). With ``global_batch``, ``refine`` rounds then time
+    every rank at its batch of the plan (``min_batch``, every rank's ``max_batch``) and
+    correct its model there (:func:`hetgrad.probe.refine`; 0: no refinement).
     """
     if not compat.is_compiled(model) or getattr(model, "optimizer", None) is None:
         raise HetgradError("compile the model (optimizer and loss) before probing it",
@@ -42,11 +46,20 @@ def probe(model, x, y=None, *, global_batch: int | None = None,
     sizes = list(batches) if batches else probe_batches(top, global_batch or top, comm.size)
     if before_step is None:
         before_step = _emulated_pause(comm)
+    def time_at(sizes: Sequence[int], lockstep: bool = False) -> tuple[list, list]:
+        return measure(model, lambda b: take((x, y), b), batches=sizes, warmup=warmup,
+                       steps=steps, before_step=before_step,
+                       sync=lambda: comm.gather_with_timeout(None, timeout),
+                       step_sync=comm.exchange_barrier if lockstep else None)
+
     with _restored(model):
-        points, times = measure(model, lambda b: take((x, y), b), batches=sizes,
-                                warmup=warmup, steps=steps, before_step=before_step,
-                                sync=lambda: comm.gather_with_timeout(None, timeout))
-    return share(comm, points, times, device or _device(), timeout)
+        results = share(comm, *time_at(sizes), device or _device(), timeout)
+        if global_batch and refine:
+            caps = comm.gather_with_timeout(max_batch or global_batch, timeout)
+            planner = lambda models: make_plan(  # noqa: E731
+                models, global_batch, global_batch, min_batch=min_batch, max_batch=caps).batches
+            results = refine_models(comm, results, planner, time_at, refine, timeout)
+    return results
 
 
 class _restored:

@@ -40,6 +40,9 @@ def probe_leaves_state(model, xs, ys):
     same = len(before) == len(after) and all(np.array_equal(a, b) for a, b in zip(before, after))
     return {"same_state": same, "ranks": [p.rank for p in perf],
             "batches": [[b for b, _ in p.points] for p in perf],
+            "refined_at": [[b for b, _ in p.plan_points] for p in perf],
+            "through_point": all(abs(p.model().time(b) / t - 1) < 1e-9
+                                 for p in perf for b, t in p.plan_points),
             "positive": all(t > 0 for p in perf for _, t in p.points)}, perf
 
 
