@@ -92,7 +92,7 @@ def main(verbose: bool) -> None:
 def probe(**values):
     """Measure every rank's step time at several batch sizes and fit its model (under mpirun)."""
     def body():
-        from . import probe as probe_mod
+        from . import preempt, probe as probe_mod
         from .runtime import agree, configure_tf, init
         from .trainer import emulation_of, measure_ranks
         from .validate import check_probe
@@ -100,7 +100,9 @@ def probe(**values):
         comm = init()
         device = agree(comm, lambda: configure_tf(cfg.threads, cfg.device))
         data = agree(comm, lambda: check_probe(cfg, comm.rank))
-        results = measure_ranks(cfg, comm, data, device, emulation=emulation_of(cfg, comm))
+        with preempt.listening():
+            results = measure_ranks(cfg, comm, data, device, emulation=emulation_of(cfg, comm))
+            stop = any(comm.allgather(preempt.requested()))
         if comm.rank == 0:
             probe_mod.save(results, cfg.out)
             click.echo(f"hetgrad: probe -> {cfg.out}", err=True)
@@ -110,6 +112,11 @@ def probe(**values):
                 click.echo(f"rank {r.rank} {r.host} {r.device}: {r.samples_per_s:.1f} samples/s, "
                            f"{1e3 * r.fixed_s:.2f} ms fixed per step ({r.kind}, fit error "
                            f"{100 * r.fit_error:.1f}%{at_plan})")
+        if stop:  # the results are saved; the job script requeues on this exit code
+            if comm.rank == 0:
+                click.echo(f"hetgrad: {preempt.STOP_SIGNAL.name} during the probe; exit "
+                           f"{preempt.EXIT_REQUEUE}", err=True)
+            sys.exit(preempt.EXIT_REQUEUE)
     _run(body, {n: flag_of(n, PROBE_OVERRIDES) for n in PROBE_OPTIONS})
 
 

@@ -95,8 +95,8 @@ class TrainConfig:
     probe_sizes: int = setting(3, "batch sizes the probe times, geometric from B/(4P) up to "
                                "--probe-batch", check=at_least(1))
     probe_steps: int = setting(8, "timed probe steps (after 3 warm-up steps)", check=at_least(1))
-    probe_refine: int = setting(1, "rounds of timing every rank at its planned batch, all "
-                                "together, to correct its model there (0: none)",
+    probe_refine: int = setting(0, "rounds of timing every rank at its planned batch, all "
+                                "in lockstep, to correct its model there (0: none)",
                                 check=at_least(0))
     probe_timeout: float = setting(300.0, "seconds rank 0 waits for every rank's probe before "
                                    "naming the missing ones", check=positive)

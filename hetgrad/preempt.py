@@ -17,6 +17,7 @@ STOP_SIGNAL = signal.SIGUSR1
 EXIT_REQUEUE = 75   # EX_TEMPFAIL: "try again later"
 
 _requested = False
+_depth = 0   # nested listening(): only the outermost installs the handler and resets
 
 
 def requested() -> bool:
@@ -33,8 +34,17 @@ def clear() -> None:
 @contextmanager
 def listening():
     """Record :data:`STOP_SIGNAL` instead of dying of it (its default action) while inside;
-    nothing is installed outside the main thread."""
-    global _requested
+    nothing is installed outside the main thread. Nested (``hetgrad train`` listens from
+    start-up, the epoch loop again), the outer one's handler and request are kept: a request
+    during the probe is honoured at the first epoch end."""
+    global _requested, _depth
+    if _depth:
+        _depth += 1
+        try:
+            yield
+        finally:
+            _depth -= 1
+        return
     _requested = False
 
     def note(signum, frame):
@@ -45,9 +55,11 @@ def listening():
     except ValueError:   # not the main thread: leave the signal alone
         yield
         return
+    _depth = 1
     try:
         yield
     finally:
+        _depth = 0
         signal.signal(STOP_SIGNAL, previous)
 
 

@@ -130,11 +130,12 @@ def run_probe(comm: Comm, build_model: Callable[[], keras.Model], input_shape, n
 def refine(comm: Comm, results: list[ProbeResult], planner: Planner,
            time_at: Callable[..., tuple[list, list]], rounds: int,
            timeout: float) -> list[ProbeResult]:
-    """Time every rank at its batch of the plan the models give, all ranks in lockstep (so
-    under the contention training will have, each rank at its own batch:
-    ``time_at(sizes, lockstep=True)``), and scale each model through what it measured there (FuPerMod refines its models at the partition's points):
-    a plan off by a sample or two from noise in the fitted fixed costs is then corrected
-    before training starts. Up to ``rounds`` rounds, while the plan still moves."""
+    """Time every rank at its batch of the plan the models give, all ranks in lockstep
+    (``time_at(sizes, lockstep=True)``: the contention training will have, each rank at its
+    own batch), and scale each model through what it measured there, as FuPerMod refines its
+    models at the partition's points: a plan a sample or two off from noise in the fitted
+    fixed costs is corrected before training starts. Up to ``rounds`` rounds, while the plan
+    still moves."""
     batches = None
     for _ in range(rounds):
         planned = planner([r.model() for r in results])

@@ -11,7 +11,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from . import data as data_mod, models, placement, probe
+from . import data as data_mod, models, placement, preempt, probe
 from .actions import Action, Balance, Checkpointing, Emulation, Evaluation, Sparse, Watchdog
 from .checkpoint import Checkpointer
 from .compat import keras
@@ -254,9 +254,10 @@ def _announce(job: Job) -> None:
 def train(cfg: TrainConfig | None = None, **settings) -> dict:
     """Run one training job on the current MPI world (``cfg``, or ``TrainConfig(**settings)``);
     rank 0 writes and returns the record."""
-    job = build_job(cfg if cfg is not None else TrainConfig(**settings))
-    _announce(job)
-    actions = default_actions(job)
-    wall = run_epochs(job, actions)
+    with preempt.listening():   # a stop request during start-up waits for epoch 1's end
+        job = build_job(cfg if cfg is not None else TrainConfig(**settings))
+        _announce(job)
+        actions = default_actions(job)
+        wall = run_epochs(job, actions)
     balance = next((a.rebalancer.records() for a in actions if isinstance(a, Balance)), [])
     return finish(job, wall, balance)

@@ -7,12 +7,10 @@ affine plan (every ordered pair of ranks, one step of samples moved), the 3 fast
 more, the best by median becomes the ``oracle`` arm. Then the arms, interleaved (the order turns every repeat):
 
 - ``equal``: Horovod's split (``--mode equal``);
-- ``constant``: the old plan, one probe size, constant speed, not refined (``--probe-sizes 1
-  --probe-refine 0``);
-- ``unrefined``: probe at 3 sizes, equal predicted step time of the fitted models
-  (``--probe-refine 0``);
-- ``affine``: the default: ``unrefined``, then every rank timed at its planned batch, all in
-  lockstep, and its model scaled through that point (one refinement round);
+- ``constant``: the old plan, one probe size, constant speed (``--probe-sizes 1``);
+- ``affine``: the default, probe at 3 sizes, equal predicted step time;
+- ``refined``: ``affine``, then every rank timed at its planned batch, all in lockstep, and
+  its model scaled through that point before the plan is made (``--probe-refine 1``);
 - ``rebalance``: affine plus ``--rebalance`` (the online model);
 - ``oracle``: the best split the grid found (``--plan``).
 
@@ -46,6 +44,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from hetgrad.rebalance import imbalance  # noqa: E402  (light: no TensorFlow)
 
 EMU = ["--emulate-unit", "2e-3"]
 CNN = ["--data", "synthetic", "--model", "cnn", "-B", "120"]
@@ -76,10 +75,10 @@ BREAKDOWN = {  # name: (ranks, environment, train args)
     "emu-18-B512, HOROVOD_CYCLE_TIME=5": (2, {"HOROVOD_CYCLE_TIME": "5"}, B512_18),
     "emu-18-B512, HOROVOD_CYCLE_TIME=0.2": (2, {"HOROVOD_CYCLE_TIME": "0.2"}, B512_18),
 }
-MODELLED = ("constant", "unrefined", "affine", "rebalance")  # arms whose plan predicts its step time
-ARMS = {"equal": ["--mode", "equal"], "constant": ["--probe-sizes", "1", "--probe-refine", "0"],
-        "unrefined": ["--probe-refine", "0"], "affine": [],
-        "rebalance": ["--rebalance"], "oracle": None}
+MODELLED = ("constant", "affine", "refined", "rebalance",
+            "refined-rebalance")  # (the last: runs of 2026-12-05, --rebalance --probe-refine 1)  # arms whose plan predicts its step time
+ARMS = {"equal": ["--mode", "equal"], "constant": ["--probe-sizes", "1"], "affine": [],
+        "refined": ["--probe-refine", "1"], "rebalance": ["--rebalance"], "oracle": None}
 
 
 def launch(np_: int, args: list[str], wrap: list[str] | None, out: Path,
@@ -150,8 +149,12 @@ def summary(rec: dict) -> dict:
             "steady_imbalance": statistics.median(e["imbalance"] for e in steady)
             if steady else None,
             "replans_after_epoch_2": sum(e["replanned"] for e in bal if e["epoch"] >= 2),
-            "probe": [{k: p[k] for k in ("points", "fixed_s", "samples_per_s", "fit_error",
-                                          "kind")} for p in rec["probe"]],
+            # what the plan's own models leave: integer batches cannot always equalise
+            "predicted_imbalance": imbalance(plan["predicted_times_s"])
+            if plan.get("predicted_times_s") else None,
+            "probe": [{k: p.get(k) for k in ("points", "fixed_s", "samples_per_s", "fit_error",
+                                              "kind", "plan_points", "scale")}
+                      for p in rec["probe"]],
             "final_test_accuracy": rec["final_test_accuracy"]}
 
 

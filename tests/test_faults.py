@@ -118,6 +118,41 @@ def test_sigusr1_checkpoints_at_the_epoch_end_and_exits_75(tmp_path):
     _resumes(tmp_path, ckpt)
 
 
+def _sigusr1_during_the_probe(args: list[str]) -> subprocess.Popen:
+    """Run ``hetgrad ARGS`` on 2 ranks (a slow emulated probe), send SIGUSR1 to the launcher
+    once rank 0 says the probe has begun (so every rank listens), wait for the end."""
+    cmd = mpirun_cmd(2, ["-m", "hetgrad.cli", *args, "--emulate-speeds", "1,1",
+                         "--emulate-unit", "2e-3", "--probe-steps", "20"])
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    for line in proc.stdout:
+        if line.startswith("hetgrad: probe: timing"):
+            break
+    proc.send_signal(signal.SIGUSR1)
+    proc.err = proc.communicate(timeout=120)[1]
+    return proc
+
+
+def test_sigusr1_during_the_probe_stops_train_after_the_first_epoch(tmp_path):
+    """A stop request before training starts is kept, not fatal: epoch 1 ends, its
+    checkpoint is saved, exit 75 (Slurm's signal may come at any time)."""
+    ckpt = tmp_path / "ckpt"
+    proc = _sigusr1_during_the_probe(["train", "--epochs", "400", "--checkpoint-dir", str(ckpt),
+                                      "--out", str(tmp_path / "r.json")])
+    assert proc.returncode == 75, proc.err[-3000:]
+    assert f"hetgrad: stopped by SIGUSR1 after epoch 1/400; checkpoint in {ckpt}" in proc.err
+    assert json.loads((ckpt / "state.json").read_text())["epoch"] == 1
+
+
+def test_sigusr1_during_hetgrad_probe_saves_it_and_exits_75(tmp_path):
+    """train.sbatch's probe step: the probe finishes and is saved; exit 75 requeues the job."""
+    out = tmp_path / "probe.json"
+    proc = _sigusr1_during_the_probe(["probe", "--out", str(out)])
+    assert proc.returncode == 75, proc.err[-3000:]
+    assert "hetgrad: SIGUSR1 during the probe; exit 75" in proc.err
+    assert len(json.loads(out.read_text())) == 2
+
+
 class _World:
     rank, size = 0, 2
 

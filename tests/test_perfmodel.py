@@ -168,6 +168,7 @@ def test_probe_record_and_per_rank_timers_on_two_ranks(tmp_path):
     from conftest import hetgrad_mpi, read_json
     out = tmp_path / "run.json"
     proc = hetgrad_mpi(2, ["train", "--mode", "uneven-avg", "--emulate-speeds", "1,4",
+                           "--probe-refine", "1",
                            "--emulate-unit", "2e-3", "--epochs", "3", "--quiet",
                            "--out", str(out)], timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -182,7 +183,7 @@ def test_probe_record_and_per_rank_timers_on_two_ranks(tmp_path):
             assert abs(model.time(b) - t) <= max(0.10, 2 * e) * t + 1e-12, entry
         times = [t for _, t in entry["points"]]
         assert times == sorted(times)
-        # refined once: timed at its planned batch, the model scaled through that point
+        # refined once (--probe-refine 1): timed at its planned batch, the model scaled there
         (b, t), = entry["plan_points"]
         assert ProbeResult(**entry).model().time(b) == pytest.approx(t)
         assert entry["scale"] == pytest.approx(t / ProbeResult(**{**entry, "scale": 1}).model().time(b))

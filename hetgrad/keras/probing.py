@@ -17,7 +17,7 @@ from .data import num_samples, take
 
 def probe(model, x, y=None, *, global_batch: int | None = None,
           batches: Sequence[int] | None = None, max_batch: int | None = None,
-          min_batch: int = 1, steps: int = 8, warmup: int = 3, refine: int = 1,
+          min_batch: int = 1, steps: int = 8, warmup: int = 3, refine: int = 0,
           timeout: float = 300.0, device: str = "",
           before_step: Callable[[int], None] | None = None) -> list[ProbeResult]:
     """Time ``model.train_on_batch`` on the first ``b`` samples of ``(x, y)`` for each probe
@@ -31,7 +31,7 @@ def probe(model, x, y=None, *, global_batch: int | None = None,
     ``before_step(b)``: called before each timed step (default: the emulated sleep of
     ``HETGRAD_EMULATE_SPEEDS``, if set). With ``global_batch``, ``refine`` rounds then time
     every rank at its batch of the plan (``min_batch``, every rank's ``max_batch``) and
-    correct its model there (:func:`hetgrad.probe.refine`; 0: no refinement).
+    correct its model there (:func:`hetgrad.probe.refine`; default 0: none).
     """
     if not compat.is_compiled(model) or getattr(model, "optimizer", None) is None:
         raise HetgradError("compile the model (optimizer and loss) before probing it",
