@@ -187,6 +187,11 @@ class TrainConfig:
         never used to judge a run under other emulated speeds."""
         return f"{self.emulate_speeds}@{self.emulate_unit:g}" if self.emulate_speeds else None
 
+    @property
+    def planned_by_probe(self) -> bool:
+        """Whether the plan comes from the probe (no plan file, given speeds or mode equal)."""
+        return not (self.plan or self.speeds or self.mode == "equal")
+
     def to_dict(self) -> dict:
         return asdict(self)
 

@@ -103,11 +103,11 @@ def measure(model: keras.Model, batch_of: Batch, *, batches: Sequence[int], warm
 def run_probe(comm: Comm, build_model: Callable[[], keras.Model], input_shape, num_classes: int,
               *, device: str, batches: Sequence[int], warmup: int = 3, steps: int = 10,
               before_step: Callable[[int], None] | None = None, planner: Planner | None = None,
-              rounds: int = 1, timeout: float = 300.0, loss,
+              rounds: int = 0, timeout: float = 300.0, loss,
               verbose: bool = False) -> list[ProbeResult]:
     """Probe a fresh copy of ``hetgrad train``'s model, compiled with its ``loss``, on
     synthetic batches, then :func:`refine` it at the ``planner``'s batches (``rounds`` at
-    most; no ``planner``: not refined). ``verbose``: rank 0 says what it times."""
+    most). ``verbose``: rank 0 says what it times."""
     model = build_model()
     model.compile(optimizer=keras.optimizers.SGD(0.0), loss=loss)
     say = verbose and comm.rank == 0
@@ -124,7 +124,8 @@ def run_probe(comm: Comm, build_model: Callable[[], keras.Model], input_shape, n
                        step_sync=comm.exchange_barrier if lockstep else None, on_point=report)
 
     results = share(comm, *time_at(batches), device, timeout)
-    return refine(comm, results, planner, time_at, rounds, timeout) if planner else results
+    return refine(comm, results, planner, time_at, rounds, timeout) if planner and rounds \
+        else results
 
 
 def refine(comm: Comm, results: list[ProbeResult], planner: Planner,

@@ -20,7 +20,7 @@ from .emulate import parse_schedule
 from .errors import ConfigError
 from .keras import DistributedOptimizer, count_samples
 from .loop import run_epochs
-from .partition import Plan, equal_plan, make_plan
+from .partition import Plan, equal_plan, make_plan, planner
 from .perfmodel import probe_batches
 from .rebalance import Rebalancer
 from .record import build_record, save_record, sparse_bytes
@@ -103,27 +103,14 @@ def measure_ranks(cfg: TrainConfig, comm, data, device: str, state: dict | None 
     if cfg.probe_file:
         return probe.load(cfg.probe_file, world_size=comm.size)
     with tf.device(device):
-        results = probe.run_probe(
-            comm, lambda: build_model(cfg, data),
-            data.input_shape, data.num_classes, device=device,
-            batches=probe_sizes(cfg, comm.rank, comm.size), steps=cfg.probe_steps,
-            timeout=cfg.probe_timeout,
+        results = probe.run_probe(  # (validation allows --probe-refine only where it plans)
+            comm, lambda: build_model(cfg, data), data.input_shape, data.num_classes,
+            device=device, batches=probe_sizes(cfg, comm.rank, comm.size),
+            steps=cfg.probe_steps, timeout=cfg.probe_timeout,
             before_step=emulation.emulator.pause if emulation else None,
-            planner=planner_of(cfg) if planned_by_probe(cfg) else None,
+            planner=planner(cfg.global_batch, cfg.min_batch, cfg.max_batch),
             rounds=cfg.probe_refine, loss=models.loss(cfg.loss), verbose=not cfg.quiet)
     return [replace(r, emulation=cfg.emulation_spec()) for r in results]
-
-
-def planned_by_probe(cfg: TrainConfig) -> bool:
-    """Whether the plan comes from the probe (not a plan file, given speeds or mode equal)."""
-    return not (cfg.plan or cfg.speeds or cfg.mode == "equal")
-
-
-def planner_of(cfg: TrainConfig):
-    """Step models -> the batches :func:`choose_plan` would give them (the probe refines
-    its models there)."""
-    return lambda models: make_plan(models, cfg.global_batch, cfg.global_batch,
-                                    min_batch=cfg.min_batch, max_batch=cfg.max_batch).batches
 
 
 def probe_sizes(cfg: TrainConfig, rank: int, size: int) -> list[int]:
@@ -202,10 +189,10 @@ def default_actions(job: Job) -> list[Action]:
     test = tf.data.Dataset.from_tensor_slices((job.data.x_test, job.data.y_test)).batch(512)
     actions.append(Evaluation(test, verbose))
     if job.aggregation is not None:  # measures every epoch; re-plans only with --rebalance
-        rebalancer = Rebalancer(
-            job.comm, models=[p.model() for p in job.probe] if planned_by_probe(cfg) else None,
-            threshold=cfg.rebalance_threshold if cfg.rebalance else None,
-            min_batch=cfg.min_batch, max_batch=cfg.max_batch)
+        probed = [p.model() for p in job.probe] if cfg.planned_by_probe else None
+        rebalancer = Rebalancer(job.comm, models=probed, min_batch=cfg.min_batch,
+                                threshold=cfg.rebalance_threshold if cfg.rebalance else None,
+                                max_batch=cfg.max_batch)
         actions.append(Balance(rebalancer, verbose))
     if isinstance(job.reducer, SparseReducer):
         actions.append(Sparse(job.reducer))

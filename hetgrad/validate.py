@@ -31,7 +31,7 @@ NEEDS = {
     "emulate_unit": (lambda c: bool(c.emulate_speeds), "--emulate-speeds"),
     **{name: (lambda c: not c.probe_file, "a probe (not --probe-file)")
        for name in ("probe_batch", "probe_sizes", "probe_steps", "probe_timeout")},
-    "probe_refine": (lambda c: not (c.probe_file or c.plan or c.speeds or c.mode == "equal"),
+    "probe_refine": (lambda c: c.planned_by_probe and not c.probe_file,
                      "a probe that plans (not --probe-file, --plan, --speeds or --mode equal)"),
     **{name: (lambda c: not c.plan and c.mode != "equal",
               "the partitioner (not --plan or --mode equal)")

@@ -378,12 +378,12 @@ def plot(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     names = list(result["scenarios"])
-    arms = list(ARMS)
+    arms = list(dict.fromkeys(a for n in names for a in result["scenarios"][n]["table"]))
     fig, ax = plt.subplots(figsize=(2.2 * len(names) + 2, 4))
     width = 0.8 / len(arms)
     for k, arm in enumerate(arms):
-        vals = [result["scenarios"][n]["table"].get(arm, {}).get("over_oracle", 0.0)
-                for n in names]  # (an arm added later is missing from older scenarios)
+        vals = [result["scenarios"][n]["table"].get(arm, {}).get("over_oracle", float("nan"))
+                for n in names]  # (not every scenario ran every arm: no bar)
         ax.bar([i + k * width for i in range(len(names))], vals, width, label=arm)
     ax.axhline(0.97, color="grey", ls="--", lw=0.8, label="0.97 of oracle")
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(names))], names, fontsize=8)

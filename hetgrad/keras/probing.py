@@ -10,7 +10,7 @@ from .. import compat
 from ..emulate import SpeedEmulator, from_env
 from ..errors import HetgradError
 from ..perfmodel import probe_batches
-from ..partition import make_plan
+from ..partition import planner
 from ..probe import ProbeResult, measure, refine as refine_models, share
 from .data import num_samples, take
 
@@ -56,9 +56,8 @@ def probe(model, x, y=None, *, global_batch: int | None = None,
         results = share(comm, *time_at(sizes), device or _device(), timeout)
         if global_batch and refine:
             caps = comm.gather_with_timeout(max_batch or global_batch, timeout)
-            planner = lambda models: make_plan(  # noqa: E731
-                models, global_batch, global_batch, min_batch=min_batch, max_batch=caps).batches
-            results = refine_models(comm, results, planner, time_at, refine, timeout)
+            results = refine_models(comm, results, planner(global_batch, min_batch, caps),
+                                    time_at, refine, timeout)
     return results
 
 
