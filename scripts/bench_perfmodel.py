@@ -378,8 +378,9 @@ def plot(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     names = list(result["scenarios"])
-    arms = list(dict.fromkeys(a for n in names for a in result["scenarios"][n]["table"]))
-    fig, ax = plt.subplots(figsize=(2.2 * len(names) + 2, 4))
+    present = {a for n in names for a in result["scenarios"][n]["table"]}
+    arms = [a for a in [*ARMS, *sorted(present - set(ARMS))] if a in present]
+    fig, ax = plt.subplots(figsize=(max(8.0, 2.2 * len(names) + 2), 4.6))
     width = 0.8 / len(arms)
     for k, arm in enumerate(arms):
         vals = [result["scenarios"][n]["table"].get(arm, {}).get("over_oracle", float("nan"))
@@ -389,7 +390,7 @@ def plot(result: dict, path: Path) -> None:
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(names))], names, fontsize=8)
     ax.set_ylabel("throughput / oracle's (median of repeats)")
     ax.set_ylim(0, 1.15)
-    ax.legend(fontsize=8, ncol=3)
+    ax.legend(fontsize=8, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.1))
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
