@@ -177,7 +177,8 @@ def test_probe_record_and_per_rank_timers_on_two_ranks(tmp_path):
         assert [b for b, _ in entry["points"]] == [12, 34, 96]  # B / (4 P) .. B
         assert entry["fixed_s"] >= 0
         noise = [relative_noise(t) for t in entry["step_times_s"]]
-        model = ProbeResult(**entry).model()  # affine within 10 % or the noise, else piecewise
+        model = ProbeResult(**{**entry, "scale": 1.0}).model()  # the fit (before refinement):
+        # affine within 10 % or the noise, else piecewise
         assert model.kind == fit(entry["points"], noise).kind, entry
         for (b, t), e in zip(entry["points"], noise):
             assert abs(model.time(b) - t) <= max(0.10, 2 * e) * t + 1e-12, entry
@@ -186,7 +187,7 @@ def test_probe_record_and_per_rank_timers_on_two_ranks(tmp_path):
         # refined once (--probe-refine 1): timed at its planned batch, the model scaled there
         (b, t), = entry["plan_points"]
         assert ProbeResult(**entry).model().time(b) == pytest.approx(t)
-        assert entry["scale"] == pytest.approx(t / ProbeResult(**{**entry, "scale": 1}).model().time(b))
+        assert entry["scale"] == pytest.approx(t / model.time(b))
     slow, fast = rec["probe"]
     assert 2.0 < fast["samples_per_s"] / slow["samples_per_s"] < 5.0
     assert slow["plan_points"][0][0] < fast["plan_points"][0][0]

@@ -46,6 +46,7 @@ def probe(model, x, y=None, *, global_batch: int | None = None,
     sizes = list(batches) if batches else probe_batches(top, global_batch or top, comm.size)
     if before_step is None:
         before_step = _emulated_pause(comm)
+
     def time_at(sizes: Sequence[int], lockstep: bool = False) -> tuple[list, list]:
         return measure(model, lambda b: take((x, y), b), batches=sizes, warmup=warmup,
                        steps=steps, before_step=before_step,
