@@ -44,7 +44,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from hetgrad.rebalance import imbalance  # noqa: E402  (light: no TensorFlow)
 
 EMU = ["--emulate-unit", "2e-3"]
 CNN = ["--data", "synthetic", "--model", "cnn", "-B", "120"]
@@ -75,8 +74,9 @@ BREAKDOWN = {  # name: (ranks, environment, train args)
     "emu-18-B512, HOROVOD_CYCLE_TIME=5": (2, {"HOROVOD_CYCLE_TIME": "5"}, B512_18),
     "emu-18-B512, HOROVOD_CYCLE_TIME=0.2": (2, {"HOROVOD_CYCLE_TIME": "0.2"}, B512_18),
 }
-MODELLED = ("constant", "affine", "refined", "rebalance",
-            "refined-rebalance")  # (the last: runs of 2026-12-05, --rebalance --probe-refine 1)  # arms whose plan predicts its step time
+# arms whose plan predicts its step time ("refined-rebalance": the runs of 2026-12-05 that
+# ran --rebalance with --probe-refine 1)
+MODELLED = ("constant", "affine", "refined", "rebalance", "refined-rebalance")
 ARMS = {"equal": ["--mode", "equal"], "constant": ["--probe-sizes", "1"], "affine": [],
         "refined": ["--probe-refine", "1"], "rebalance": ["--rebalance"], "oracle": None}
 
@@ -149,9 +149,6 @@ def summary(rec: dict) -> dict:
             "steady_imbalance": statistics.median(e["imbalance"] for e in steady)
             if steady else None,
             "replans_after_epoch_2": sum(e["replanned"] for e in bal if e["epoch"] >= 2),
-            # what the plan's own models leave: integer batches cannot always equalise
-            "predicted_imbalance": imbalance(plan["predicted_times_s"])
-            if plan.get("predicted_times_s") else None,
             "probe": [{k: p.get(k) for k in ("points", "fixed_s", "samples_per_s", "fit_error",
                                               "kind", "plan_points", "scale")}
                       for p in rec["probe"]],
