@@ -6,6 +6,7 @@ The plan is a pure function of its inputs, so every rank computes (or loads) the
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -121,7 +122,8 @@ def make_plan(speeds: Sequence[float | StepModel], global_batch: int, dataset_si
     cap (one int for all, or one per rank). The dataset is split into ``ceil(N / B)`` steps;
     the final step may be partial, with each rank keeping at least one sample in it. Samples
     that cannot be placed that way (fewer than one per rank) are reported in ``Plan.dropped``,
-    never dropped silently.
+    never dropped silently. The plan records predicted step times (seconds) only when every
+    entry is a model or probe result: numbers are taken as relative speeds.
     """
     models = _models(speeds)
     p = len(models)
@@ -139,7 +141,8 @@ def make_plan(speeds: Sequence[float | StepModel], global_batch: int, dataset_si
         raise ConfigError(f"dataset has {dataset_size} samples, fewer than the global batch "
                           f"{global_batch}", field="global_batch")
     batches = _equal_time_or_proportional(models, int(global_batch), [min_batch] * p, caps)
-    return _plan_of(models, batches, int(dataset_size))
+    timed = not any(isinstance(s, numbers.Real) for s in speeds)  # numbers: relative
+    return _plan_of(models, batches, int(dataset_size), timed=timed)
 
 
 MIN_GAIN = 0.03  # smallest predicted step-time gain worth a split away from the throughputs
@@ -175,8 +178,10 @@ def fixed_plan(batches: Sequence[int], dataset_size: int) -> Plan:
     return _plan_of([constant(b) for b in batches], [int(b) for b in batches], int(dataset_size))
 
 
-def _plan_of(models: list[StepModel], batches: list[int], dataset_size: int) -> Plan:
-    """Shards with equal steps for ``batches``; the models' predicted step times recorded."""
+def _plan_of(models: list[StepModel], batches: list[int], dataset_size: int,
+             timed: bool = False) -> Plan:
+    """Shards with equal steps for ``batches``; with ``timed`` (models of measured seconds, not
+    relative speeds) the models' predicted step times recorded."""
     p, global_batch = len(batches), sum(batches)
     steps, last, dropped = _final_step(models, batches, global_batch, dataset_size)
     sizes = [(steps - 1) * b + l for b, l in zip(batches, last)]
@@ -186,7 +191,8 @@ def _plan_of(models: list[StepModel], batches: list[int], dataset_size: int) -> 
                 shard_starts=[sum(sizes[:r]) for r in range(p)], shard_sizes=sizes,
                 steps_per_epoch=steps, dropped=dropped,
                 fixed_s=[m.fixed_s * m.scale for m in models],
-                predicted_step_s=max(times), predicted_times_s=times)
+                predicted_step_s=max(times) if timed else None,
+                predicted_times_s=times if timed else None)
     plan.validate()
     return plan
 

@@ -25,6 +25,10 @@ when speeds do not change? Its rows go under ``churn`` in the same JSON.
 beside a fast one under three Horovod cycle times): where one step's time goes, under
 ``breakdown`` in the JSON.
 
+``--ceiling`` instead runs :data:`CEILING` ``--repeats`` times: what one process with the
+whole batch, and Horovod's equal split on equal ranks, reach against the sum of probed rates,
+beside hetgrad's plan on unequal ranks, at two emulated step lengths; under ``ceiling``.
+
     .venv/bin/python scripts/bench_perfmodel.py --out results/bench_perfmodel.json
     .venv/bin/python scripts/bench_perfmodel.py --scenarios real-cnn-3ranks --churn 20 \
         --repeats 3 --out results/bench_perfmodel_real.json
@@ -74,6 +78,25 @@ BREAKDOWN = {  # name: (ranks, environment, train args)
     "emu-18-B512, HOROVOD_CYCLE_TIME=5": (2, {"HOROVOD_CYCLE_TIME": "5"}, B512_18),
     "emu-18-B512, HOROVOD_CYCLE_TIME=0.2": (2, {"HOROVOD_CYCLE_TIME": "0.2"}, B512_18),
 }
+# --ceiling: each B=512 scenario three ways with the same sum of emulated speeds (so the same
+# B / sum s_i): one process with the whole batch (no split, no exchange), Horovod's equal
+# split on as many equal ranks, hetgrad's plan on the unequal ones; at the scenarios' step
+# (unit 2e-3) and at one 5x longer
+
+
+def _ceiling_runs(speeds: list[float], unit: str) -> dict:
+    emu = ["--data", "synthetic", "-B", "512", "--emulate-unit", unit, "--probe-steps", "4"]
+    p, total = len(speeds), sum(speeds)
+    same, uneven = ",".join([f"{total / p:g}"] * p), ",".join(f"{s:g}" for s in speeds)
+    one = f"one process, speed {total:g}, unit {unit}"
+    return {one: (1, [*emu, "--emulate-speeds", f"{total:g}"], one),
+            f"Horovod equal split, speeds {same}, unit {unit}":
+                (p, [*emu, "--emulate-speeds", same, "--mode", "equal"], one),
+            f"hetgrad, speeds {uneven}, unit {unit}": (p, [*emu, "--emulate-speeds", uneven], one)}
+
+
+CEILING = {k: v for speeds in ([1, 8], [1, 1, 2, 4]) for unit in ("2e-3", "1e-2")
+           for k, v in _ceiling_runs(speeds, unit).items()}
 # arms whose plan predicts its step time ("refined-rebalance": the runs of 2026-12-05 that
 # ran --rebalance with --probe-refine 1)
 MODELLED = ("constant", "affine", "refined", "rebalance", "refined-rebalance")
@@ -250,25 +273,65 @@ def churn_row(rec: dict) -> dict:
             "epoch_time_s": [e["time_s"] for e in rec["epochs"]]}
 
 
+def step_breakdown(rec: dict, np_: int) -> dict:
+    """Per step (medians over the epochs after the first): the plan's predicted step, the
+    slowest rank's busy time and its wait, the epoch time; and the run's efficiency."""
+    steps, bal = rec["plan"]["steps_per_epoch"], rec["balance"][1:]
+    slow = [max(range(np_), key=lambda r: e["busy_s"][r]) for e in bal]
+    med = lambda xs: statistics.median(xs) / steps  # noqa: E731
+    return {"batches": rec["plan"]["batches"],
+            "predicted_step_s": rec["plan"]["predicted_step_s"],
+            "ideal_step_s": sum(rec["plan"]["batches"]) / rec["ideal_samples_per_s"],
+            "busy_step_s": med([e["busy_s"][r] for e, r in zip(bal, slow)]),
+            "wait_step_s": med([e["wait_s"][r] for e, r in zip(bal, slow)]),
+            "epoch_step_s": med([e["time_s"] for e in rec["epochs"][1:]]),
+            "efficiency": rec["throughput_efficiency"]}
+
+
 def run_breakdown(epochs: int, tmp: Path) -> dict:
-    """One run per :data:`BREAKDOWN` entry: the plan's predicted step, and per step (medians
-    over the epochs after the first) the slowest rank's busy time, its wait, the epoch time."""
+    """One run per :data:`BREAKDOWN` entry, each's :func:`step_breakdown`."""
     out = {}
     for k, (name, (np_, env, args)) in enumerate(BREAKDOWN.items()):
         rec = launch(np_, [*args, "--epochs", str(epochs)], None, tmp / f"breakdown{k}.json",
                      env)
-        steps, bal = rec["plan"]["steps_per_epoch"], rec["balance"][1:]
-        slow = [max(range(np_), key=lambda r: e["busy_s"][r]) for e in bal]
-        med = lambda xs: statistics.median(xs) / steps  # noqa: E731
-        out[name] = {"ranks": np_, "env": env, "args": args,
-                     "batches": rec["plan"]["batches"],
-                     "predicted_step_s": rec["plan"]["predicted_step_s"],
-                     "busy_step_s": med([e["busy_s"][r] for e, r in zip(bal, slow)]),
-                     "wait_step_s": med([e["wait_s"][r] for e, r in zip(bal, slow)]),
-                     "epoch_step_s": med([e["time_s"] for e in rec["epochs"][1:]]),
-                     "efficiency": rec["throughput_efficiency"]}
+        out[name] = {"ranks": np_, "env": env, "args": args, **step_breakdown(rec, np_)}
         print(breakdown_markdown({"breakdown": out}).splitlines()[-1], flush=True)
     return out
+
+
+def run_ceiling(epochs: int, repeats: int, tmp: Path) -> dict:
+    """Every :data:`CEILING` run ``repeats`` times, interleaved (the order turns every
+    repeat): each run's :func:`step_breakdown`."""
+    out = {name: {"ranks": np_, "args": args, "one_process": one, "runs": []}
+           for name, (np_, args, one) in CEILING.items()}
+    for rep in range(repeats):
+        for name in (list(CEILING) if rep % 2 == 0 else list(CEILING)[::-1]):
+            np_, args, _ = CEILING[name]
+            rec = launch(np_, [*args, "--epochs", str(epochs), "--seed", str(rep)], None,
+                         tmp / f"ceiling-{rep}.json")
+            out[name]["runs"].append(step_breakdown(rec, np_))
+            print(f"{name} rep {rep}: efficiency {out[name]['runs'][-1]['efficiency']:.3f}",
+                  flush=True)
+    return out
+
+
+def ceiling_markdown(result: dict) -> str:
+    """One row per :data:`CEILING` run: medians over repeats, and each repeat's efficiency
+    over its one process's of the same repeat ("" without ceiling runs)."""
+    if not result.get("ceiling"):
+        return ""
+    lines = ["| run | batches | B / sum s_i | epoch time / steps | efficiency vs sum s_i "
+             "| / one process's (per repeat) |", "|---|---|---|---|---|---|"]
+    rows = result["ceiling"]
+    for name, row in rows.items():
+        one = rows[row["one_process"]]["runs"]
+        ratios = [r["efficiency"] / o["efficiency"] for r, o in zip(row["runs"], one)]
+        med = lambda key: statistics.median(r[key] for r in row["runs"])  # noqa: E731
+        lines.append(f"| {name} | {row['runs'][-1]['batches']} "
+                     f"| {1e3 * med('ideal_step_s'):.1f} ms | {1e3 * med('epoch_step_s'):.1f} ms "
+                     f"| {med('efficiency'):.3f} | {statistics.median(ratios):.3f} "
+                     f"({', '.join(f'{v:.3f}' for v in ratios)}) |")
+    return "\n".join(lines)
 
 
 def breakdown_markdown(result: dict) -> str:
@@ -277,7 +340,7 @@ def breakdown_markdown(result: dict) -> str:
         return ""
     lines = ["| run | batches | predicted step | slowest busy step | its wait | epoch time / "
              "steps | efficiency vs sum s_i |", "|---|---|---|---|---|---|---|"]
-    ms = lambda v: f"{1e3 * v:.1f} ms"  # noqa: E731
+    ms = lambda v: "-" if v is None else f"{1e3 * v:.1f} ms"  # noqa: E731
     for name, r in result["breakdown"].items():
         lines.append(f"| {name} | {r['batches']} | {ms(r['predicted_step_s'])} "
                      f"| {ms(r['busy_step_s'])} | {ms(r['wait_step_s'])} "
@@ -404,6 +467,8 @@ def main() -> None:
                     help="only the rebalance arm, this many epochs, to count re-plans")
     ap.add_argument("--breakdown", action="store_true",
                     help="only the runs of BREAKDOWN: where one step's time goes")
+    ap.add_argument("--ceiling", action="store_true",
+                    help="only the runs of CEILING, --repeats times: efficiency's ceiling")
     ap.add_argument("--table", action="store_true", help="print the table of --out and stop")
     args = ap.parse_args()
     out = Path(args.out)
@@ -411,7 +476,7 @@ def main() -> None:
         result = json.loads(out.read_text())
         parts = [markdown(result) if result.get("scenarios") else "",
                  gap_markdown(result) if result.get("scenarios") else "", churn_markdown(result),
-                 breakdown_markdown(result)]
+                 breakdown_markdown(result), ceiling_markdown(result)]
         print("\n\n".join(p for p in parts if p))
         return
     result = json.loads(out.read_text()) if out.exists() else {"scenarios": {}}
@@ -420,6 +485,11 @@ def main() -> None:
             result["breakdown"] = run_breakdown(args.epochs, Path(tmp))
             out.write_text(json.dumps(result, indent=2))
             print(breakdown_markdown(result))
+            return
+        if args.ceiling:
+            result["ceiling"] = run_ceiling(args.epochs, args.repeats, Path(tmp))
+            out.write_text(json.dumps(result, indent=2))
+            print(ceiling_markdown(result))
             return
         if args.churn:
             for name in args.scenarios.split(","):

@@ -5,7 +5,7 @@ import json
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from hetgrad.partition import Plan, make_plan
+from hetgrad.partition import Plan, equal_plan, fixed_plan, make_plan
 from hetgrad.probe import ProbeResult, refine
 from hetgrad.perfmodel import (StepModel, constant, equal_time_batches, fit, probe_batches,
                                relative_noise, scale_through)
@@ -76,6 +76,16 @@ def test_fixed_cost_moves_work_to_where_it_costs_least():
     assert max(plan.predicted_times_s) == plan.predicted_step_s
     assert plan.predicted_step_s == pytest.approx(0.053)
     assert make_plan([1000.0, 1000.0], 96, 960).batches == [48, 48]  # constant model
+
+
+def test_only_measured_models_give_predicted_seconds():
+    # relative speeds (--speeds 1,2,4, Horovod's equal split) and fixed splits time nothing:
+    # a "predicted step" of b / 1 samples per second would read as 48 s
+    for plan in (make_plan([1, 2, 4], 96, 960), equal_plan(2, 96, 960), fixed_plan([40, 56], 960),
+                 make_plan([StepModel(0.0, 1000.0), 2.0], 96, 960)):
+        assert plan.predicted_step_s is None and plan.predicted_times_s is None
+    plan = make_plan([constant(1000.0), constant(3000.0)], 96, 960)
+    assert plan.batches == [24, 72] and plan.predicted_step_s == pytest.approx(0.024)
 
 
 def brute_force(models, total, lo, hi):

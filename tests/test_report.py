@@ -72,7 +72,8 @@ def test_perfmodel_table_ratios_predicted_efficiency_and_churn(monkeypatch):
     prediction gives (B / t_pred / sum s_i), and the churn rows."""
     from conftest import ROOT
     monkeypatch.syspath_prepend(str(ROOT / "scripts"))
-    from bench_perfmodel import breakdown_markdown, churn_markdown, gap_markdown, table
+    from bench_perfmodel import (breakdown_markdown, ceiling_markdown, churn_markdown,
+                                 gap_markdown, table)
 
     def run(sps, pred=None):
         return {"samples_per_s": sps, "efficiency": sps / 1000, "batches": [30, 70],
@@ -108,6 +109,16 @@ def test_perfmodel_table_ratios_predicted_efficiency_and_churn(monkeypatch):
     row = breakdown_markdown({"breakdown": {"two ranks": one}}).splitlines()[-1]
     assert row == ("| two ranks | [57, 455] | 120.7 ms | 125.6 ms | 3.9 ms | 129.8 ms "
                    "| 0.901 |")
+    # ceiling rows: each repeat's efficiency over the one process's of the same unit
+    step = lambda eff: {"batches": [512], "ideal_step_s": 0.1, "epoch_step_s": 0.1 / eff,  # noqa: E731
+                        "efficiency": eff}
+    ceiling = {"ceiling": {
+        "one": {"one_process": "one", "runs": [step(0.95), step(0.9)]},
+        "two, unit 2e-3": {"one_process": "one", "runs": [step(0.76), step(0.81)]},
+        "other": {"one_process": "other", "runs": [step(0.5), step(0.5)]}}}
+    rows = ceiling_markdown(ceiling).splitlines()
+    assert rows[3] == "| two, unit 2e-3 | [512] | 100.0 ms | 127.5 ms | 0.785 | 0.850 (0.800, 0.900) |"
+    assert ceiling_markdown({}) == ""
 
 
 def _affinity_and_cgroup(wrap: list[str], rank: int) -> tuple[str, str]:
