@@ -82,6 +82,14 @@ def recompile(model, optimizer) -> None:
     model.compile(**{**dict(config.config), "optimizer": optimizer})
 
 
+def steps_per_execution(model) -> int:
+    """Train steps per call into the graph (``compile(steps_per_execution=)``; Keras 2 keeps
+    it in a variable), 1 before ``compile``."""
+    k = getattr(model, "steps_per_execution", None)
+    k = getattr(model, "_steps_per_execution", None) if k is None else k
+    return int(k.numpy()) if hasattr(k, "numpy") else int(k or 1)
+
+
 def optimizer_variables(optimizer) -> list:
     """Every variable of an optimizer (iterations, slots): a property or a method by flavour."""
     v = optimizer.variables

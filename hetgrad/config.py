@@ -128,6 +128,10 @@ class TrainConfig:
     rebalance_threshold: float = setting(0.03, "re-plan when the new plan's predicted epoch "
                                          "time is shorter by more than this fraction (and "
                                          "than the measured noise)", check=non_negative)
+    steps_per_execution: int = setting(1, "train steps per call into the TF graph (Keras "
+                                       "compile's steps_per_execution): less per-step "
+                                       "Python; callbacks and --step-timeout see one call "
+                                       "of that many steps", check=at_least(1))
     step_timeout: float = setting(600.0, "seconds a training step may take before every "
                                   "rank is ended (a stuck or dead rank)", check=positive)
     on_nonfinite: str = setting("abort", "NaN/Inf in a rank's local gradients: end the job "

@@ -68,6 +68,8 @@ class SpeedEmulator:
 
     The sleep happens in Python right before the step (a sleep inside the TF graph via
     ``numpy_function`` was measured to overshoot by up to 2x), so it is exact and costs no CPU.
+    With ``steps_per_execution`` N it sleeps once per call for all N steps, so ranks sleep
+    their steps' compute in one piece before N exchanges rather than before each.
     """
 
     def __init__(self, speed: float, unit_s: float = 1e-3):
@@ -81,12 +83,17 @@ class SpeedEmulator:
         time.sleep(n * self.unit_s / self.speed)
 
     def callback(self, batch_size: Callable[[int], int]):
-        """Keras callback pausing before batch ``i`` of ``batch_size(i)`` samples."""
+        """Keras callback pausing before each call into the train step for the samples of
+        the steps it runs (step ``i`` has ``batch_size(i)``): one step, or the model's
+        ``steps_per_execution``, the last call of an epoch maybe fewer."""
+        from . import compat
         from .compat import keras
         emulator = self
 
         class Emulate(keras.callbacks.Callback):
             def on_train_batch_begin(self, batch, logs=None):
-                emulator.pause(batch_size(batch))
+                end = batch + compat.steps_per_execution(self.model)
+                end = min(end, (self.params or {}).get("steps") or end)
+                emulator.pause(sum(batch_size(i) for i in range(batch, end)))
 
         return Emulate()

@@ -6,7 +6,6 @@ The plan is a pure function of its inputs, so every rank computes (or loads) the
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -141,7 +140,7 @@ def make_plan(speeds: Sequence[float | StepModel], global_batch: int, dataset_si
         raise ConfigError(f"dataset has {dataset_size} samples, fewer than the global batch "
                           f"{global_batch}", field="global_batch")
     batches = _equal_time_or_proportional(models, int(global_batch), [min_batch] * p, caps)
-    timed = not any(isinstance(s, numbers.Real) for s in speeds)  # numbers: relative
+    timed = all(isinstance(s, StepModel) or hasattr(s, "model") for s in speeds)
     return _plan_of(models, batches, int(dataset_size), timed=timed)
 
 

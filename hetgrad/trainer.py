@@ -170,12 +170,12 @@ def _compile(job: Job):
     if cfg.mode != "weighted":
         opt = baseline_optimizer(base_optimizer(cfg), job.size)
     else:
-        sparsify = cfg.sparse_settings(max(4096, job.plan.steps_per_epoch)) if cfg.sparsify \
-            else None
+        sparsify = cfg.sparsify and cfg.sparse_settings(max(4096, job.plan.steps_per_epoch))
         opt = DistributedOptimizer(base_optimizer(cfg), weight=cfg.weighting, plan=job.plan,
                                    rank=job.rank, sparsify=sparsify,
                                    check_finite=cfg.on_nonfinite == "abort")
-    model.compile(optimizer=opt, metrics=["accuracy"], loss=models.loss(cfg.loss))
+    model.compile(optimizer=opt, metrics=["accuracy"], loss=models.loss(cfg.loss),
+                  steps_per_execution=cfg.steps_per_execution)
     if cfg.mode == "weighted" and cfg.weighting == "samples":
         count_samples(model)
     return model, opt

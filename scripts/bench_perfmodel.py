@@ -78,13 +78,11 @@ BREAKDOWN = {  # name: (ranks, environment, train args)
     "emu-18-B512, HOROVOD_CYCLE_TIME=5": (2, {"HOROVOD_CYCLE_TIME": "5"}, B512_18),
     "emu-18-B512, HOROVOD_CYCLE_TIME=0.2": (2, {"HOROVOD_CYCLE_TIME": "0.2"}, B512_18),
 }
-# --ceiling: each B=512 scenario three ways with the same sum of emulated speeds (so the same
-# B / sum s_i): one process with the whole batch (no split, no exchange), Horovod's equal
-# split on as many equal ranks, hetgrad's plan on the unequal ones; at the scenarios' step
-# (unit 2e-3) and at one 5x longer
-
-
 def _ceiling_runs(speeds: list[float], unit: str) -> dict:
+    """``--ceiling``'s runs for one B=512 scenario, all with the same sum of emulated speeds
+    (so the same ideal step): one process with the whole batch (no split, no exchange),
+    Horovod's equal split on as many equal ranks, hetgrad's plan on the unequal ones; each
+    ``name: (ranks, train args, name of its one-process run)``."""
     emu = ["--data", "synthetic", "-B", "512", "--emulate-unit", unit, "--probe-steps", "4"]
     p, total = len(speeds), sum(speeds)
     same, uneven = ",".join([f"{total / p:g}"] * p), ",".join(f"{s:g}" for s in speeds)
@@ -95,6 +93,7 @@ def _ceiling_runs(speeds: list[float], unit: str) -> dict:
             f"hetgrad, speeds {uneven}, unit {unit}": (p, [*emu, "--emulate-speeds", uneven], one)}
 
 
+# at the scenarios' step (unit 2e-3) and at one 5x longer
 CEILING = {k: v for speeds in ([1, 8], [1, 1, 2, 4]) for unit in ("2e-3", "1e-2")
            for k, v in _ceiling_runs(speeds, unit).items()}
 # arms whose plan predicts its step time ("refined-rebalance": the runs of 2026-12-05 that
@@ -274,8 +273,9 @@ def churn_row(rec: dict) -> dict:
 
 
 def step_breakdown(rec: dict, np_: int) -> dict:
-    """Per step (medians over the epochs after the first): the plan's predicted step, the
-    slowest rank's busy time and its wait, the epoch time; and the run's efficiency."""
+    """A run's plan (batches, predicted step), its ideal step ``B / sum s_i``, per step (medians
+    over the epochs after the first) the slowest rank's busy time and its wait and the epoch
+    time, and its efficiency."""
     steps, bal = rec["plan"]["steps_per_epoch"], rec["balance"][1:]
     slow = [max(range(np_), key=lambda r: e["busy_s"][r]) for e in bal]
     med = lambda xs: statistics.median(xs) / steps  # noqa: E731
@@ -305,10 +305,10 @@ def run_ceiling(epochs: int, repeats: int, tmp: Path) -> dict:
     out = {name: {"ranks": np_, "args": args, "one_process": one, "runs": []}
            for name, (np_, args, one) in CEILING.items()}
     for rep in range(repeats):
-        for name in (list(CEILING) if rep % 2 == 0 else list(CEILING)[::-1]):
+        for k, name in enumerate(list(CEILING) if rep % 2 == 0 else list(CEILING)[::-1]):
             np_, args, _ = CEILING[name]
             rec = launch(np_, [*args, "--epochs", str(epochs), "--seed", str(rep)], None,
-                         tmp / f"ceiling-{rep}.json")
+                         tmp / f"ceiling-{rep}-{k}.json")
             out[name]["runs"].append(step_breakdown(rec, np_))
             print(f"{name} rep {rep}: efficiency {out[name]['runs'][-1]['efficiency']:.3f}",
                   flush=True)
@@ -320,8 +320,8 @@ def ceiling_markdown(result: dict) -> str:
     over its one process's of the same repeat ("" without ceiling runs)."""
     if not result.get("ceiling"):
         return ""
-    lines = ["| run | batches | B / sum s_i | epoch time / steps | efficiency vs sum s_i "
-             "| / one process's (per repeat) |", "|---|---|---|---|---|---|"]
+    lines = ["| run | batches (last repeat) | B / sum s_i | epoch time / steps "
+             "| efficiency vs sum s_i | / one process's (per repeat) |", "|---|---|---|---|---|---|"]
     rows = result["ceiling"]
     for name, row in rows.items():
         one = rows[row["one_process"]]["runs"]
@@ -380,7 +380,8 @@ def table(runs: dict[str, list]) -> dict:
         imb = [r["steady_imbalance"] for r in rs if r["steady_imbalance"] is not None]
         row["steady_imbalance_median"] = statistics.median(imb) if imb else None
         pred = [r["predicted_step_s"] / r["measured_step_s"] for r in rs
-                if arm in MODELLED and r["measured_step_s"] and r["batches"] == r["final_batches"]]
+                if arm in MODELLED and r["predicted_step_s"] and r["measured_step_s"]
+                and r["batches"] == r["final_batches"]]
         row["predicted_over_measured_step"] = statistics.median(pred) if pred else None
         # the efficiency the plan's own prediction reaches: with fixed costs a_i > 0 it is
         # below 1 even for a perfect split with no exchange

@@ -20,6 +20,7 @@ def test_fit_on_three_ranks(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = read_json(out)
     assert res["fit_vs_manual"] < 1e-6          # = probe-free hk.shard + DistributedOptimizer
+    assert res["steps_per_execution_vs_fit"] < 1e-6 and res["steps_per_execution_kept"] == 3
     assert res["agree"] and res["probed_agree"]
     assert res["history_keys"] == ["loss", "mae", "val_loss", "val_mae"]
     assert res["history_epochs"] == [0, 1]
@@ -34,6 +35,25 @@ def test_fit_on_three_ranks(tmp_path):
     assert len(plans) == 1, proc.stdout            # rank 0 only, the probed run
     b = list(map(int, plans[0]))
     assert sum(b) == 24 and b[0] < b[1] < b[2], b  # follows the emulated speeds 1, 2, 4
+
+
+@pytest.mark.parametrize("per_call, pauses", [(1, [4, 4, 4, 4, 2]), (3, [12, 6])])
+def test_emulated_pause_covers_every_step_of_a_call(per_call, pauses):
+    """Emulated speeds sleep, before each call into the train step, for every sample the call
+    trains on: one step, or ``steps_per_execution`` of them (the epoch's last call fewer)."""
+    import tensorflow as tf
+    from hetgrad.compat import keras
+    from hetgrad.emulate import SpeedEmulator
+    emulator, sizes = SpeedEmulator(1.0), [4, 4, 4, 4, 2]
+    paused: list[int] = []
+    emulator.pause = paused.append
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse", steps_per_execution=per_call)
+    data = tf.data.Dataset.from_tensor_slices((np.zeros((18, 2), np.float32),
+                                               np.zeros((18, 1), np.float32))).batch(4)
+    model.fit(data, epochs=1, steps_per_epoch=5, verbose=0,
+              callbacks=[emulator.callback(lambda step: sizes[step])])
+    assert paused == pauses
 
 
 def compiled():

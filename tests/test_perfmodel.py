@@ -118,7 +118,7 @@ def test_equal_time_batches_are_optimal_against_brute_force(models, total, data)
 
 
 def test_plans_saved_before_the_model_still_load(tmp_path):
-    old = make_plan([1, 3], 96, 1000).to_dict()
+    old = make_plan([constant(1.0), constant(3.0)], 96, 1000).to_dict()  # times recorded
     for key in ("fixed_s", "predicted_step_s", "predicted_times_s"):
         del old[key]
     path = tmp_path / "old.json"

@@ -1,6 +1,8 @@
 """`hetgrad train` on 3 real ranks with emulated unequal speeds, end to end."""
 import math
 
+import pytest
+
 from conftest import hetgrad_mpi, read_json
 
 
@@ -36,6 +38,23 @@ def test_equal_and_uneven_avg_modes_run(tmp_path):
         expect = [48, 48] if mode == "equal" else [24, 72]
         assert rec["plan"]["batches"] == expect
         assert 0.0 < rec["final_test_accuracy"] <= 1.0
+
+
+def test_steps_per_execution_trains_the_same_model(tmp_path):
+    """--steps-per-execution 4 (15 steps an epoch: calls of 4, 4, 4 and 3, the last step
+    partial) gives one step per call's losses and test scores: the same weights."""
+    recs = {}
+    for k in ("1", "4"):
+        out = tmp_path / f"spe{k}.json"
+        proc = hetgrad_mpi(2, ["train", "--speeds", "1,3", "--epochs", "2", "--quiet",
+                               "--steps-per-execution", k, "--out", str(out)], timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        recs[k] = read_json(out)
+    assert recs["4"]["config"]["steps_per_execution"] == 4
+    assert recs["4"]["plan"]["steps_per_epoch"] == 15
+    for one, four in zip(recs["1"]["epochs"], recs["4"]["epochs"], strict=True):
+        for key in ("loss", "test_loss", "test_accuracy"):
+            assert four[key] == pytest.approx(one[key], rel=1e-5, abs=1e-7), key
 
 
 def test_tensorflow_start_up_lines_only_with_verbose(tmp_path):

@@ -11,6 +11,7 @@ import numpy as np
 
 import hetgrad
 import hetgrad.keras as hk
+from hetgrad import compat
 from hetgrad.compat import keras
 from regression_problem import B, LR, N, regression_data  # tests/mpi/
 
@@ -22,11 +23,12 @@ plan = hetgrad.make_plan([1, 2, 4][:size], B, N)
 res = {}
 
 
-def compiled(seed=3):
+def compiled(seed=3, steps_per_execution=1):
     keras.utils.set_random_seed(seed)
     model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(8, activation="tanh"),
                               keras.layers.Dense(1)])
-    model.compile(optimizer=keras.optimizers.SGD(LR, momentum=0.5), loss="mse", metrics=["mae"])
+    model.compile(optimizer=keras.optimizers.SGD(LR, momentum=0.5), loss="mse", metrics=["mae"],
+                  steps_per_execution=steps_per_execution)
     return model
 
 
@@ -67,6 +69,14 @@ res["history_keys"] = sorted(hist.history)
 res["history_epochs"] = hist.epoch
 res["calls"], res["epochs_param"] = calls.calls, calls.epochs_param
 res["agree"] = agree(model)
+
+# 1b. three steps per call into the graph (5 steps an epoch: calls of 3 and 2, the last step
+# partial): the same weights
+several = compiled(steps_per_execution=3)
+hk.fit(several, x, y, global_batch=B, epochs=2, plan=plan, rebalance=False, seed=7, verbose=0)
+res["steps_per_execution_vs_fit"] = max(float(np.max(np.abs(a - b))) for a, b in
+                                        zip(several.get_weights(), model.get_weights()))
+res["steps_per_execution_kept"] = compat.steps_per_execution(several)
 
 # 2. early stopping (no epoch improves by 1e9) ends every rank after 2 of 6 epochs
 stop = keras.callbacks.EarlyStopping(monitor="loss", patience=0, min_delta=1e9)
