@@ -25,9 +25,10 @@ when speeds do not change? Its rows go under ``churn`` in the same JSON.
 beside a fast one under three Horovod cycle times): where one step's time goes, under
 ``breakdown`` in the JSON.
 
-``--ceiling`` instead runs :data:`CEILING` ``--repeats`` times: what one process with the
-whole batch, and Horovod's equal split on equal ranks, reach against the sum of probed rates,
-beside hetgrad's plan on unequal ranks, at two emulated step lengths; under ``ceiling``.
+``--ceiling [SET]`` instead runs a :data:`CEILINGS` set ``--repeats`` times: what one process
+with the whole batch, and Horovod's equal split on equal ranks, reach against the sum of probed
+rates, beside hetgrad's plan on unequal ranks (``all``: at two emulated step lengths;
+``steps_per_execution``: with 1 and 4 steps per call); under ``ceiling`` / ``ceiling_SET``.
 
     .venv/bin/python scripts/bench_perfmodel.py --out results/bench_perfmodel.json
     .venv/bin/python scripts/bench_perfmodel.py --scenarios real-cnn-3ranks --churn 20 \
@@ -78,24 +79,33 @@ BREAKDOWN = {  # name: (ranks, environment, train args)
     "emu-18-B512, HOROVOD_CYCLE_TIME=5": (2, {"HOROVOD_CYCLE_TIME": "5"}, B512_18),
     "emu-18-B512, HOROVOD_CYCLE_TIME=0.2": (2, {"HOROVOD_CYCLE_TIME": "0.2"}, B512_18),
 }
-def _ceiling_runs(speeds: list[float], unit: str) -> dict:
+
+
+def _ceiling_runs(speeds: list[float], unit: str, extra: list[str] = ()) -> dict:
     """``--ceiling``'s runs for one B=512 scenario, all with the same sum of emulated speeds
     (so the same ideal step): one process with the whole batch (no split, no exchange),
-    Horovod's equal split on as many equal ranks, hetgrad's plan on the unequal ones; each
-    ``name: (ranks, train args, name of its one-process run)``."""
+    Horovod's equal split on as many equal ranks, hetgrad's plan on the unequal ones, all with
+    ``extra`` train args; each ``name: (ranks, train args, name of the one-process run
+    without extra args)``."""
     emu = ["--data", "synthetic", "-B", "512", "--emulate-unit", unit, "--probe-steps", "4"]
     p, total = len(speeds), sum(speeds)
     same, uneven = ",".join([f"{total / p:g}"] * p), ",".join(f"{s:g}" for s in speeds)
-    one = f"one process, speed {total:g}, unit {unit}"
-    return {one: (1, [*emu, "--emulate-speeds", f"{total:g}"], one),
-            f"Horovod equal split, speeds {same}, unit {unit}":
-                (p, [*emu, "--emulate-speeds", same, "--mode", "equal"], one),
-            f"hetgrad, speeds {uneven}, unit {unit}": (p, [*emu, "--emulate-speeds", uneven], one)}
+    one, tail = f"one process, speed {total:g}, unit {unit}", "".join(f" {a}" for a in extra)
+    return {one + tail: (1, [*emu, "--emulate-speeds", f"{total:g}", *extra], one),
+            f"Horovod equal split, speeds {same}, unit {unit}{tail}":
+                (p, [*emu, "--emulate-speeds", same, "--mode", "equal", *extra], one),
+            f"hetgrad, speeds {uneven}, unit {unit}{tail}":
+                (p, [*emu, "--emulate-speeds", uneven, *extra], one)}
 
 
-# at the scenarios' step (unit 2e-3) and at one 5x longer
-CEILING = {k: v for speeds in ([1, 8], [1, 1, 2, 4]) for unit in ("2e-3", "1e-2")
-           for k, v in _ceiling_runs(speeds, unit).items()}
+CEILINGS = {  # --ceiling SET: the runs, under "ceiling" or "ceiling_SET" in the JSON
+    # at the scenarios' step (unit 2e-3) and at one 5x longer
+    "all": {k: v for speeds in ([1, 8], [1, 1, 2, 4]) for unit in ("2e-3", "1e-2")
+            for k, v in _ceiling_runs(speeds, unit).items()},
+    # the same at 4 steps per call into the graph, against one step per call
+    "steps_per_execution": {**_ceiling_runs([1, 8], "2e-3"),
+                            **_ceiling_runs([1, 8], "2e-3", ["--steps-per-execution", "4"])},
+}
 # arms whose plan predicts its step time ("refined-rebalance": the runs of 2026-12-05 that
 # ran --rebalance with --probe-refine 1)
 MODELLED = ("constant", "affine", "refined", "rebalance", "refined-rebalance")
@@ -299,14 +309,14 @@ def run_breakdown(epochs: int, tmp: Path) -> dict:
     return out
 
 
-def run_ceiling(epochs: int, repeats: int, tmp: Path) -> dict:
-    """Every :data:`CEILING` run ``repeats`` times, interleaved (the order turns every
-    repeat): each run's :func:`step_breakdown`."""
+def run_ceiling(runs: dict, epochs: int, repeats: int, tmp: Path) -> dict:
+    """Every run of ``runs`` (a :data:`CEILINGS` set) ``repeats`` times, interleaved (the
+    order turns every repeat): each run's :func:`step_breakdown`."""
     out = {name: {"ranks": np_, "args": args, "one_process": one, "runs": []}
-           for name, (np_, args, one) in CEILING.items()}
+           for name, (np_, args, one) in runs.items()}
     for rep in range(repeats):
-        for k, name in enumerate(list(CEILING) if rep % 2 == 0 else list(CEILING)[::-1]):
-            np_, args, _ = CEILING[name]
+        for k, name in enumerate(list(runs) if rep % 2 == 0 else list(runs)[::-1]):
+            np_, args, _ = runs[name]
             rec = launch(np_, [*args, "--epochs", str(epochs), "--seed", str(rep)], None,
                          tmp / f"ceiling-{rep}-{k}.json")
             out[name]["runs"].append(step_breakdown(rec, np_))
@@ -315,14 +325,19 @@ def run_ceiling(epochs: int, repeats: int, tmp: Path) -> dict:
     return out
 
 
-def ceiling_markdown(result: dict) -> str:
-    """One row per :data:`CEILING` run: medians over repeats, and each repeat's efficiency
-    over its one process's of the same repeat ("" without ceiling runs)."""
-    if not result.get("ceiling"):
+def ceiling_key(name: str) -> str:
+    """Where a :data:`CEILINGS` set's runs go in the JSON."""
+    return "ceiling" if name == "all" else f"ceiling_{name}"
+
+
+def ceiling_markdown(result: dict, key: str = "ceiling") -> str:
+    """One row per run of ``result[key]`` (from :func:`run_ceiling`): medians over repeats,
+    and each repeat's efficiency over its one process's of the same repeat ("" without)."""
+    if not result.get(key):
         return ""
     lines = ["| run | batches (last repeat) | B / sum s_i | epoch time / steps "
              "| efficiency vs sum s_i | / one process's (per repeat) |", "|---|---|---|---|---|---|"]
-    rows = result["ceiling"]
+    rows = result[key]
     for name, row in rows.items():
         one = rows[row["one_process"]]["runs"]
         ratios = [r["efficiency"] / o["efficiency"] for r, o in zip(row["runs"], one)]
@@ -468,8 +483,9 @@ def main() -> None:
                     help="only the rebalance arm, this many epochs, to count re-plans")
     ap.add_argument("--breakdown", action="store_true",
                     help="only the runs of BREAKDOWN: where one step's time goes")
-    ap.add_argument("--ceiling", action="store_true",
-                    help="only the runs of CEILING, --repeats times: efficiency's ceiling")
+    ap.add_argument("--ceiling", nargs="?", const="all", choices=list(CEILINGS),
+                    help="only the runs of this CEILINGS set, --repeats times: efficiency's "
+                         "ceiling")
     ap.add_argument("--table", action="store_true", help="print the table of --out and stop")
     args = ap.parse_args()
     out = Path(args.out)
@@ -477,7 +493,8 @@ def main() -> None:
         result = json.loads(out.read_text())
         parts = [markdown(result) if result.get("scenarios") else "",
                  gap_markdown(result) if result.get("scenarios") else "", churn_markdown(result),
-                 breakdown_markdown(result), ceiling_markdown(result)]
+                 breakdown_markdown(result),
+                 *(ceiling_markdown(result, ceiling_key(c)) for c in CEILINGS)]
         print("\n\n".join(p for p in parts if p))
         return
     result = json.loads(out.read_text()) if out.exists() else {"scenarios": {}}
@@ -488,9 +505,11 @@ def main() -> None:
             print(breakdown_markdown(result))
             return
         if args.ceiling:
-            result["ceiling"] = run_ceiling(args.epochs, args.repeats, Path(tmp))
+            key = ceiling_key(args.ceiling)
+            result[key] = run_ceiling(CEILINGS[args.ceiling], args.epochs, args.repeats,
+                                      Path(tmp))
             out.write_text(json.dumps(result, indent=2))
-            print(ceiling_markdown(result))
+            print(ceiling_markdown(result, key))
             return
         if args.churn:
             for name in args.scenarios.split(","):
