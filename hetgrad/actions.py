@@ -38,7 +38,8 @@ class Action:
 
 
 class Emulation(Action):
-    """Emulated speeds: the schedule's speed from each epoch on, a sleep before each step."""
+    """Emulated speeds: the schedule's speed from each epoch on, a sleep before each call into
+    the train step for all its samples."""
 
     def __init__(self, schedule: dict[int, list[float]], emulator: SpeedEmulator):
         self.schedule, self.emulator = schedule, emulator

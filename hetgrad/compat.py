@@ -7,6 +7,7 @@ and asks the helpers below instead of testing versions or classes itself.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 
 import tensorflow as tf
@@ -88,6 +89,30 @@ def steps_per_execution(model) -> int:
     k = getattr(model, "steps_per_execution", None)
     k = getattr(model, "_steps_per_execution", None) if k is None else k
     return int(k.numpy()) if hasattr(k, "numpy") else int(k or 1)
+
+
+@contextlib.contextmanager
+def one_step_per_call(model):
+    """Within: ``train_on_batch`` runs one step although ``model`` was compiled with several per
+    call (Keras 2's multi-step function would ask its one-batch iterator for more)."""
+    k = steps_per_execution(model)
+    if k > 1:
+        _set_steps_per_execution(model, 1)
+    try:
+        yield model
+    finally:
+        if k > 1:
+            _set_steps_per_execution(model, k)
+
+
+def _set_steps_per_execution(model, k: int) -> None:
+    """Keras 3: an int; Keras 2: a variable. The train function is rebuilt for it."""
+    held = getattr(model, "_steps_per_execution", None)
+    if hasattr(held, "assign"):
+        held.assign(k)
+    else:
+        model.steps_per_execution = k
+    model.train_function = None
 
 
 def optimizer_variables(optimizer) -> list:

@@ -49,8 +49,9 @@ class StepWatchdog(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         self.beat(f"epoch {epoch + 1}")
 
-    def on_train_batch_end(self, batch, logs=None):   # per step: a clock read, no strings
-        self._last, self._step = time.monotonic(), batch + 1
+    def on_train_batch_end(self, batch, logs=None):   # per call: a clock read, no strings
+        steps = (self.params or {}).get("steps")  # Keras 3 names a short last call's N-th step
+        self._last, self._step = time.monotonic(), min(batch + 1, steps or batch + 1)
 
     def on_test_batch_end(self, batch, logs=None):
         self.beat()

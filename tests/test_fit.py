@@ -21,7 +21,7 @@ def test_fit_on_three_ranks(tmp_path):
     res = read_json(out)
     assert res["fit_vs_manual"] < 1e-6          # = probe-free hk.shard + DistributedOptimizer
     assert res["steps_per_execution_vs_fit"] < 1e-6 and res["steps_per_execution_kept"] == 3
-    assert res["agree"] and res["probed_agree"]
+    assert res["agree"] and res["probed_agree"] and res["probed_steps_per_execution"] == 3
     assert res["history_keys"] == ["loss", "mae", "val_loss", "val_mae"]
     assert res["history_epochs"] == [0, 1]
     # the user's callback saw one fit of 2 epochs, not 2 fits of 1

@@ -25,7 +25,8 @@ class _Counting(keras.callbacks.Callback):
 
 class BroadcastGlobalVariablesCallback(_Counting):
     """Make every rank start from ``root_rank``'s state: its model weights before the first
-    step, and model + optimizer variables (slots exist by then) after the first step."""
+    step, and model + optimizer variables (slots exist by then) after the first call into
+    the train step (its first step, or first N with ``steps_per_execution`` N)."""
 
     def __init__(self, root_rank: int = 0):
         super().__init__()
@@ -73,8 +74,9 @@ class MetricAverageCallback(_Counting):
 class LearningRateScheduleCallback(_Counting):
     """``lr = initial_lr * multiplier(epoch)`` from ``start_epoch`` to ``end_epoch``
     (exclusive); ``multiplier`` a function of the (fractional) epoch, or a number ``m`` for
-    ``m ** (epoch - start_epoch)``. ``staircase``: change once per epoch, else every step
-    (then ``steps_per_epoch`` is needed, or read from ``fit``)."""
+    ``m ** (epoch - start_epoch)``. ``staircase``: change once per epoch, else before every
+    call into the train step (every step, or every N with ``steps_per_execution`` N; then
+    ``steps_per_epoch`` is needed, or read from ``fit``)."""
 
     def __init__(self, initial_lr: float, multiplier: Callable[[float], float] | float,
                  start_epoch: int = 0, end_epoch: int | None = None, staircase: bool = True,

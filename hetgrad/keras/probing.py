@@ -53,7 +53,7 @@ def probe(model, x, y=None, *, global_batch: int | None = None,
                        sync=lambda: comm.gather_with_timeout(None, timeout),
                        step_sync=comm.exchange_barrier if lockstep else None)
 
-    with _restored(model):
+    with _restored(model), compat.one_step_per_call(model):
         results = share(comm, *time_at(sizes), device or _device(), timeout)
         if global_batch and refine:
             caps = comm.gather_with_timeout(max_batch or global_batch, timeout)

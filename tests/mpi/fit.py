@@ -94,11 +94,13 @@ res["resumed_epochs"] = hist.epoch
 res["resume_err"] = max(float(np.max(np.abs(a - b)))
                         for a, b in zip(resumed.get_weights(), straight.get_weights()))
 
-# 4. probed plan (emulated speeds from the environment), rebalancing, progress on rank 0
-probed = compiled()
+# 4. probed plan (emulated speeds from the environment), rebalancing, progress on rank 0; the
+# model runs 3 steps per call (the probe times single steps all the same)
+probed = compiled(steps_per_execution=3)
 hist = hk.fit(probed, x, y, global_batch=B, epochs=3)
 res["probed_loss"] = hist.history["loss"]
 res["probed_agree"] = agree(probed)
+res["probed_steps_per_execution"] = compat.steps_per_execution(probed)
 res["var_y"] = float(np.var(y))
 
 if rank == 0:
