@@ -87,7 +87,6 @@ def steps_per_execution(model) -> int:
     """Train steps per call into the graph (``compile(steps_per_execution=)``; Keras 2 keeps
     it in a variable), 1 before ``compile``."""
     k = getattr(model, "steps_per_execution", None)
-    k = getattr(model, "_steps_per_execution", None) if k is None else k
     return int(k.numpy()) if hasattr(k, "numpy") else int(k or 1)
 
 
@@ -96,23 +95,14 @@ def one_step_per_call(model):
     """Within: ``train_on_batch`` runs one step although ``model`` was compiled with several per
     call (Keras 2's multi-step function would ask its one-batch iterator for more)."""
     k = steps_per_execution(model)
-    if k > 1:
-        _set_steps_per_execution(model, 1)
+    if k == 1:
+        yield model
+        return
+    model.steps_per_execution, model.train_function = 1, None  # (Keras 2: assigns its variable)
     try:
         yield model
     finally:
-        if k > 1:
-            _set_steps_per_execution(model, k)
-
-
-def _set_steps_per_execution(model, k: int) -> None:
-    """Keras 3: an int; Keras 2: a variable. The train function is rebuilt for it."""
-    held = getattr(model, "_steps_per_execution", None)
-    if hasattr(held, "assign"):
-        held.assign(k)
-    else:
-        model.steps_per_execution = k
-    model.train_function = None
+        model.steps_per_execution, model.train_function = k, None
 
 
 def optimizer_variables(optimizer) -> list:

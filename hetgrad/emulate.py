@@ -91,9 +91,14 @@ class SpeedEmulator:
         emulator = self
 
         class Emulate(keras.callbacks.Callback):
+            per_call, steps = 1, None
+
+            def on_epoch_begin(self, epoch, logs=None):  # per epoch, not in every step
+                self.per_call = compat.steps_per_execution(self.model)
+                self.steps = (self.params or {}).get("steps")
+
             def on_train_batch_begin(self, batch, logs=None):
-                end = batch + compat.steps_per_execution(self.model)
-                end = min(end, (self.params or {}).get("steps") or end)
+                end = min(batch + self.per_call, self.steps or batch + self.per_call)
                 emulator.pause(sum(batch_size(i) for i in range(batch, end)))
 
         return Emulate()

@@ -81,7 +81,7 @@ BREAKDOWN = {  # name: (ranks, environment, train args)
 }
 
 
-def _ceiling_runs(speeds: list[float], unit: str, extra: list[str] = ()) -> dict:
+def _ceiling_runs(speeds: list[float], unit: str, extra: tuple[str, ...] = ()) -> dict:
     """``--ceiling``'s runs for one B=512 scenario, all with the same sum of emulated speeds
     (so the same ideal step): one process with the whole batch (no split, no exchange),
     Horovod's equal split on as many equal ranks, hetgrad's plan on the unequal ones, all with
@@ -104,7 +104,7 @@ CEILINGS = {  # --ceiling SET: the runs, under "ceiling" or "ceiling_SET" in the
             for k, v in _ceiling_runs(speeds, unit).items()},
     # the same at 4 steps per call into the graph, against one step per call
     "steps_per_execution": {**_ceiling_runs([1, 8], "2e-3"),
-                            **_ceiling_runs([1, 8], "2e-3", ["--steps-per-execution", "4"])},
+                            **_ceiling_runs([1, 8], "2e-3", ("--steps-per-execution", "4"))},
 }
 # arms whose plan predicts its step time ("refined-rebalance": the runs of 2026-12-05 that
 # ran --rebalance with --probe-refine 1)
@@ -341,7 +341,7 @@ def ceiling_markdown(result: dict, key: str = "ceiling") -> str:
     for name, row in rows.items():
         one = rows[row["one_process"]]["runs"]
         ratios = [r["efficiency"] / o["efficiency"] for r, o in zip(row["runs"], one)]
-        med = lambda key: statistics.median(r[key] for r in row["runs"])  # noqa: E731
+        med = lambda field: statistics.median(r[field] for r in row["runs"])  # noqa: E731
         lines.append(f"| {name} | {row['runs'][-1]['batches']} "
                      f"| {1e3 * med('ideal_step_s'):.1f} ms | {1e3 * med('epoch_step_s'):.1f} ms "
                      f"| {med('efficiency'):.3f} | {statistics.median(ratios):.3f} "
