@@ -10,7 +10,8 @@ from hetgrad.errors import HetgradError
 
 from conftest import MPI_DIR, read_json, run_mpi
 
-EMULATED = {"HETGRAD_EMULATE_SPEEDS": "1,2,4", "HETGRAD_EMULATE_UNIT": "2e-3"}
+EMULATED = {"HETGRAD_EMULATE_SPEEDS": "1,2,4", "HETGRAD_EMULATE_UNIT": "4e-3"}  # sleeps well above
+# the noise of a 2-core machine in the probe's smallest batches (2e-3: [5, 5, 14] about 1 run in 6)
 
 
 def test_fit_on_three_ranks(tmp_path):
@@ -20,8 +21,9 @@ def test_fit_on_three_ranks(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = read_json(out)
     assert res["fit_vs_manual"] < 1e-6          # = probe-free hk.shard + DistributedOptimizer
-    assert res["steps_per_execution_vs_fit"] < 1e-6 and res["steps_per_execution_kept"] == 3
-    assert res["agree"] and res["probed_agree"] and res["probed_steps_per_execution"] == 3
+    assert res["steps_per_execution_vs_fit"] < 1e-6
+    assert res["steps_per_execution_probed"] == 3 and res["steps_per_execution_kept"] == 3
+    assert res["agree"] and res["probed_agree"]
     assert res["history_keys"] == ["loss", "mae", "val_loss", "val_mae"]
     assert res["history_epochs"] == [0, 1]
     # the user's callback saw one fit of 2 epochs, not 2 fits of 1
