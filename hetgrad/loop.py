@@ -52,8 +52,8 @@ def run_epochs(job: "Run", actions: "list[Action]") -> float:
     for action in actions:
         action.on_train_end(job)
     if job.stop_requested:
-        raise preempt.Preempted(job.epochs[-1]["epoch"], job.num_epochs,
-                                str(job.checkpointer.dir), job.rank)
+        preempt.stop(job.epochs[-1]["epoch"], job.num_epochs, str(job.checkpointer.dir),
+                     job.rank)
     return time.perf_counter() - t0
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import signal
 import sys
 from contextlib import contextmanager
+from typing import NoReturn
 
 STOP_SIGNAL = signal.SIGUSR1
 EXIT_REQUEUE = 75   # EX_TEMPFAIL: "try again later"
@@ -65,13 +66,18 @@ def listening():
 
 class Preempted(SystemExit):
     """Raised on every rank together once the stop request's checkpoint is saved: the
-    process exits with :data:`EXIT_REQUEUE` unless a script catches it. Rank 0 says where
-    the checkpoint is."""
+    process exits with :data:`EXIT_REQUEUE` unless a script catches it."""
 
-    def __init__(self, epoch: int, num_epochs: int, directory: str, rank: int):
+    def __init__(self, epoch: int, directory: str):
         self.epoch, self.directory = epoch, directory
-        if rank == 0:
-            print(f"hetgrad: stopped by {STOP_SIGNAL.name} after epoch {epoch}/{num_epochs}; "
-                  f"checkpoint in {directory}, resume to continue (exit {EXIT_REQUEUE})",
-                  file=sys.stderr, flush=True)
         super().__init__(EXIT_REQUEUE)
+
+
+def stop(epoch: int, num_epochs: int, directory: str, rank: int) -> NoReturn:
+    """Raise :class:`Preempted` after ``epoch``'s checkpoint in ``directory``; rank 0 says
+    where it is and how to go on."""
+    if rank == 0:
+        print(f"hetgrad: stopped by {STOP_SIGNAL.name} after epoch {epoch}/{num_epochs}; "
+              f"checkpoint in {directory}, resume to continue (exit {EXIT_REQUEUE})",
+              file=sys.stderr, flush=True)
+    raise Preempted(epoch, directory)

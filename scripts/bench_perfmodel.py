@@ -17,9 +17,11 @@ more, the best by median becomes the ``oracle`` arm. Then the arms, interleaved 
 Throughput = samples per epoch / median epoch time without the first (tracing) epoch. Writes
 JSON (every record's summary) and a bar plot.
 
-``--churn N`` instead runs only the ``rebalance`` arm for N epochs (``--repeats`` times, no
-oracle) and keeps every epoch's imbalance and decision: does the online model re-plan on noise
-when speeds do not change? Its rows go under ``churn`` in the same JSON.
+``--churn N`` instead runs only the ``rebalance`` arm (or, for ``--scenarios
+SCENARIO:ARM``, that arm) for N epochs (``--repeats`` times, the runs interleaved, no oracle)
+and keeps every epoch's imbalance and decision: does the online model re-plan on noise when
+speeds do not change? And ``SCENARIO:equal`` on equal ranks: how imbalanced does noise alone
+make a balanced job? Its rows go under ``churn`` in the same JSON.
 
 ``--breakdown`` instead runs :data:`BREAKDOWN` once each (the slow emulated rank alone, then
 beside a fast one under three Horovod cycle times): where one step's time goes, under
@@ -66,6 +68,9 @@ SCENARIOS = {  # name: (ranks, train args, placement: rank -> (core, share of it
     # real compute, every rank a fixed CPU share (quota), so no rank's speed depends on
     # another's load: like three unequal dedicated cores
     "quota-cnn-3ranks": (3, CNN, [(0, 0.9), (1, 0.5), (1, 0.4)]),
+    # the same with three equal shares: under --churn with the equal arm, the imbalance that
+    # timing noise alone gives a perfectly balanced job (the floor under the real target)
+    "quota-cnn-3ranks-equal-shares": (3, CNN, [(0, 0.45), (1, 0.45), (1, 0.45)]),
 }
 CPU_CGROUP = Path("/sys/fs/cgroup/cpu")
 QUOTA_PERIOD_US = 4000   # 4 ms: the cap holds within a step (default 100 ms would not)
@@ -252,21 +257,30 @@ def run_scenario(name: str, epochs: int, repeats: int, tmp: Path) -> dict:
             "runs": runs, "table": table(runs)}
 
 
-def run_churn(name: str, epochs: int, repeats: int, tmp: Path) -> dict:
-    """The rebalance arm alone for ``epochs`` epochs, ``repeats`` times: every epoch's
-    imbalance, batches and decision, and the re-plans after epoch 2."""
-    np_, args, placement = SCENARIOS[name]
-    runs = []
-    with placed(placement) as wrap:
-        for rep in range(repeats):
-            rec = launch(np_, [*args, *ARMS["rebalance"], "--epochs", str(epochs), "--seed",
-                               str(rep)], wrap, tmp / f"{name}-churn-{rep}.json")
-            runs.append(churn_row(rec))
-            r = runs[-1]
-            print(f"{name} churn rep {rep}: re-plans after epochs {r['replanned_after_epochs']}, "
+def run_churn(runs: list[str], epochs: int, repeats: int, tmp: Path) -> dict:
+    """For each ``SCENARIO[:ARM]`` of ``runs`` (the arm by default ``rebalance``), the arm for
+    ``epochs`` epochs, ``repeats`` times, all interleaved: every epoch's imbalance, batches and
+    decision, and the re-plans after epoch 2. Keyed ``SCENARIO`` for the rebalance arm,
+    ``SCENARIO, ARM`` for another."""
+    out = {}
+    for run in runs:
+        name, _, arm = run.partition(":")
+        if (arm or "rebalance") not in ARMS or ARMS[arm or "rebalance"] is None:
+            raise SystemExit(f"bench_perfmodel: --churn: no arm {arm!r} to run in {run!r}")
+        np_, args, placement = SCENARIOS[name]
+        out[run] = {"ranks": np_, "args": [*args, *ARMS[arm or "rebalance"]],
+                    "placement": placement, "epochs": epochs, "runs": []}
+    for rep in range(repeats):
+        for run, sc in out.items():
+            with placed(sc["placement"]) as wrap:
+                rec = launch(sc["ranks"], [*sc["args"], "--epochs", str(epochs), "--seed",
+                                           str(rep)], wrap, tmp / f"churn-{rep}.json")
+            sc["runs"].append(churn_row(rec))
+            r = sc["runs"][-1]
+            print(f"{run} rep {rep}: re-plans after epochs {r['replanned_after_epochs']}, "
                   f"steady imbalance {r['steady_imbalance']:.3f}, batches {r['final_batches']}",
                   flush=True)
-    return {"ranks": np_, "args": args, "placement": placement, "epochs": epochs, "runs": runs}
+    return {run.replace(":", ", "): v for run, v in out.items()}
 
 
 def churn_row(rec: dict) -> dict:
@@ -480,7 +494,8 @@ def main() -> None:
     ap.add_argument("--out", default="results/bench_perfmodel.json")
     ap.add_argument("--plot", default="docs/img/perfmodel.png")
     ap.add_argument("--churn", type=int, metavar="EPOCHS",
-                    help="only the rebalance arm, this many epochs, to count re-plans")
+                    help="only the rebalance arm (or SCENARIO:ARM), this many epochs, to "
+                         "count re-plans")
     ap.add_argument("--breakdown", action="store_true",
                     help="only the runs of BREAKDOWN: where one step's time goes")
     ap.add_argument("--ceiling", nargs="?", const="all", choices=list(CEILINGS),
@@ -512,10 +527,9 @@ def main() -> None:
             print(ceiling_markdown(result, key))
             return
         if args.churn:
-            for name in args.scenarios.split(","):
-                result.setdefault("churn", {})[name] = run_churn(name, args.churn, args.repeats,
-                                                                 Path(tmp))
-                out.write_text(json.dumps(result, indent=2))
+            result.setdefault("churn", {}).update(run_churn(
+                args.scenarios.split(","), args.churn, args.repeats, Path(tmp)))
+            out.write_text(json.dumps(result, indent=2))
             print(churn_markdown(result))
             return
         result.update(epochs=args.epochs, repeats=args.repeats)
