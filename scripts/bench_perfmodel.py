@@ -48,6 +48,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -257,30 +258,33 @@ def run_scenario(name: str, epochs: int, repeats: int, tmp: Path) -> dict:
             "runs": runs, "table": table(runs)}
 
 
-def run_churn(runs: list[str], epochs: int, repeats: int, tmp: Path) -> dict:
+def run_churn(runs: list[str], epochs: int, repeats: int, tmp: Path) -> Iterator[dict]:
     """For each ``SCENARIO[:ARM]`` of ``runs`` (the arm by default ``rebalance``), the arm for
     ``epochs`` epochs, ``repeats`` times, all interleaved: every epoch's imbalance, batches and
-    decision, and the re-plans after epoch 2. Keyed ``SCENARIO`` for the rebalance arm,
-    ``SCENARIO, ARM`` for another."""
+    decision, and the re-plans after epoch 2. Yields every row so far after each run, keyed
+    by the run as given with ``:`` written ``, `` (``SCENARIO`` or ``SCENARIO, ARM``)."""
     out = {}
     for run in runs:
         name, _, arm = run.partition(":")
-        if (arm or "rebalance") not in ARMS or ARMS[arm or "rebalance"] is None:
-            raise SystemExit(f"bench_perfmodel: --churn: no arm {arm!r} to run in {run!r}")
+        arm = arm or "rebalance"
+        if name not in SCENARIOS or ARMS.get(arm) is None:
+            arms = ", ".join(a for a in ARMS if ARMS[a] is not None)
+            raise SystemExit(f"bench_perfmodel: --churn: {run!r}: scenarios are "
+                             f"{', '.join(SCENARIOS)}; arms {arms}")
         np_, args, placement = SCENARIOS[name]
-        out[run] = {"ranks": np_, "args": [*args, *ARMS[arm or "rebalance"]],
-                    "placement": placement, "epochs": epochs, "runs": []}
+        out[run.replace(":", ", ")] = {"ranks": np_, "args": [*args, *ARMS[arm]],
+                                       "placement": placement, "epochs": epochs, "runs": []}
     for rep in range(repeats):
-        for run, sc in out.items():
+        for key, sc in out.items():
             with placed(sc["placement"]) as wrap:
                 rec = launch(sc["ranks"], [*sc["args"], "--epochs", str(epochs), "--seed",
                                            str(rep)], wrap, tmp / f"churn-{rep}.json")
             sc["runs"].append(churn_row(rec))
             r = sc["runs"][-1]
-            print(f"{run} rep {rep}: re-plans after epochs {r['replanned_after_epochs']}, "
+            print(f"{key} rep {rep}: re-plans after epochs {r['replanned_after_epochs']}, "
                   f"steady imbalance {r['steady_imbalance']:.3f}, batches {r['final_batches']}",
                   flush=True)
-    return {run.replace(":", ", "): v for run, v in out.items()}
+            yield out
 
 
 def churn_row(rec: dict) -> dict:
@@ -527,9 +531,10 @@ def main() -> None:
             print(ceiling_markdown(result, key))
             return
         if args.churn:
-            result.setdefault("churn", {}).update(run_churn(
-                args.scenarios.split(","), args.churn, args.repeats, Path(tmp)))
-            out.write_text(json.dumps(result, indent=2))
+            for rows in run_churn(args.scenarios.split(","), args.churn, args.repeats,
+                                  Path(tmp)):
+                result.setdefault("churn", {}).update(rows)
+                out.write_text(json.dumps(result, indent=2))  # after every run: kept on failure
             print(churn_markdown(result))
             return
         result.update(epochs=args.epochs, repeats=args.repeats)
