@@ -124,7 +124,7 @@ def make_plan(speeds: Sequence[float | StepModel], global_batch: int, dataset_si
     never dropped silently. The plan records predicted step times (seconds) only when every
     entry is a model or probe result: numbers are taken as relative speeds.
     """
-    models = _models(speeds)
+    models, timed = _models(speeds)
     p = len(models)
     if int(global_batch) != global_batch or global_batch <= 0:
         raise ConfigError(f"global batch must be a positive integer, got {global_batch!r}",
@@ -140,7 +140,6 @@ def make_plan(speeds: Sequence[float | StepModel], global_batch: int, dataset_si
         raise ConfigError(f"dataset has {dataset_size} samples, fewer than the global batch "
                           f"{global_batch}", field="global_batch")
     batches = _equal_time_or_proportional(models, int(global_batch), [min_batch] * p, caps)
-    timed = all(isinstance(s, StepModel) or hasattr(s, "model") for s in speeds)
     return _plan_of(models, batches, int(dataset_size), timed=timed)
 
 
@@ -196,11 +195,12 @@ def _plan_of(models: list[StepModel], batches: list[int], dataset_size: int,
     return plan
 
 
-def _models(speeds: Sequence[float | StepModel]) -> list[StepModel]:
-    """Step models from numbers (constant speeds, checked) or models (kept)."""
+def _models(speeds: Sequence[float | StepModel]) -> tuple[list[StepModel], bool]:
+    """Step models from numbers (constant speeds, checked) or models (kept), and whether all
+    were models (of measured seconds, not relative speeds)."""
     if not len(speeds):
         raise ConfigError("no speeds given", field="speeds")
-    out = []
+    out, numbers = [], 0
     for r, s in enumerate(speeds):
         if isinstance(s, StepModel):
             out.append(s)
@@ -208,12 +208,12 @@ def _models(speeds: Sequence[float | StepModel]) -> list[StepModel]:
         if hasattr(s, "model"):  # a probe result (hk.probe, hetgrad.probe)
             out.append(s.model())
             continue
-        s = float(s)
+        s, numbers = float(s), numbers + 1
         if not math.isfinite(s) or s <= 0:
             raise ConfigError(f"speed of rank {r} is {s!r}; speeds must be finite and > 0",
                               field="speeds")
         out.append(constant(s))
-    return out
+    return out, not numbers
 
 
 def _final_step(models, batches: list[int], global_batch: int,

@@ -260,9 +260,10 @@ def run_scenario(name: str, epochs: int, repeats: int, tmp: Path) -> dict:
 
 def run_churn(runs: list[str], epochs: int, repeats: int, tmp: Path) -> Iterator[dict]:
     """For each ``SCENARIO[:ARM]`` of ``runs`` (the arm by default ``rebalance``), the arm for
-    ``epochs`` epochs, ``repeats`` times, all interleaved: every epoch's imbalance, batches and
-    decision, and the re-plans after epoch 2. Yields every row so far after each run, keyed
-    by the run as given with ``:`` written ``, `` (``SCENARIO`` or ``SCENARIO, ARM``)."""
+    ``epochs`` epochs, ``repeats`` times, interleaved (the order turns every repeat): every
+    epoch's imbalance, batches and decision, and the re-plans after epoch 2. Yields every row
+    so far after each run, keyed by the run as given with ``:`` written ``, `` (``SCENARIO``
+    or ``SCENARIO, ARM``)."""
     out = {}
     for run in runs:
         name, _, arm = run.partition(":")
@@ -275,7 +276,8 @@ def run_churn(runs: list[str], epochs: int, repeats: int, tmp: Path) -> Iterator
         out[run.replace(":", ", ")] = {"ranks": np_, "args": [*args, *ARMS[arm]],
                                        "placement": placement, "epochs": epochs, "runs": []}
     for rep in range(repeats):
-        for key, sc in out.items():
+        for key in list(out) if rep % 2 == 0 else list(out)[::-1]:
+            sc = out[key]
             with placed(sc["placement"]) as wrap:
                 rec = launch(sc["ranks"], [*sc["args"], "--epochs", str(epochs), "--seed",
                                            str(rep)], wrap, tmp / f"churn-{rep}.json")

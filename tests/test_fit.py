@@ -10,8 +10,9 @@ from hetgrad.errors import HetgradError
 
 from conftest import MPI_DIR, read_json, run_mpi
 
-EMULATED = {"HETGRAD_EMULATE_SPEEDS": "1,2,4", "HETGRAD_EMULATE_UNIT": "4e-3"}  # sleeps well above
-# the noise of a 2-core machine in the probe's smallest batches (2e-3: [5, 5, 14] about 1 run in 6)
+# sleeps well above a 2-core machine's noise in the probe's smallest batches (at 2e-3 the plan
+# came out [5, 5, 14] about 1 run in 6)
+EMULATED = {"HETGRAD_EMULATE_SPEEDS": "1,2,4", "HETGRAD_EMULATE_UNIT": "4e-3"}
 
 
 def test_fit_on_three_ranks(tmp_path):

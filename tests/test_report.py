@@ -122,9 +122,9 @@ def test_perfmodel_table_ratios_predicted_efficiency_and_churn(monkeypatch):
 
 
 def test_perfmodel_churn_interleaves_scenario_arm_runs(monkeypatch, tmp_path):
-    """--churn SCENARIO[:ARM],...: every repeat runs each pair once, in the order given, with
-    its arm's flags and the repeat's seed; rows keyed "SCENARIO" / "SCENARIO, ARM"; a bad pair
-    stops before any run."""
+    """--churn SCENARIO[:ARM],...: every repeat runs each pair once, in the order given and
+    then reversed, with its arm's flags and the repeat's seed; rows keyed "SCENARIO" /
+    "SCENARIO, ARM"; a bad pair stops before any run."""
     from conftest import ROOT
     monkeypatch.syspath_prepend(str(ROOT / "scripts"))
     import bench_perfmodel as bp
@@ -136,7 +136,7 @@ def test_perfmodel_churn_interleaves_scenario_arm_runs(monkeypatch, tmp_path):
     assert len(rows) == 4 and list(rows[-1]) == ["emu-18-B96, equal", "emu-18-B96"]
     assert [len(r["runs"]) for r in rows[-1].values()] == [2, 2]
     seen = [("--mode" in a, "--rebalance" in a, a[a.index("--seed") + 1]) for a in calls]
-    assert seen == [(True, False, "0"), (False, True, "0"), (True, False, "1"), (False, True, "1")]
+    assert seen == [(True, False, "0"), (False, True, "0"), (False, True, "1"), (True, False, "1")]
     calls.clear()
     with pytest.raises(SystemExit, match="emu-18-B96:oracle"):
         next(bp.run_churn(["emu-18-B96", "emu-18-B96:oracle"], 3, 1, tmp_path))
