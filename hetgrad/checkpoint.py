@@ -10,23 +10,58 @@ Layout of a checkpoint directory::
 
 Data position is implied: every epoch's order is seeded by (seed, rank, epoch), so resuming
 at epoch k replays exactly the batches an uninterrupted run would have seen.
+
+Reading and checking ``state.json`` needs no TensorFlow (the start-up checks do it first);
+TensorFlow is imported when a :class:`Checkpointer` is made.
 """
 from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import dataclass, field as dc_field
 from pathlib import Path
 
 import numpy as np
 
-from .compat import build_optimizer
-from .errors import InputFileError
-from .io import read_json, write_json, write_npz
+from .errors import HetgradError, InputFileError
+from .io import read_json, typed, write_json, write_npz
+from .partition import Plan
+
+
+@dataclass
+class State:
+    """The fields of ``state.json``, which :meth:`Checkpointer.save` writes."""
+
+    epoch: int
+    checkpoint: str
+    plan: dict
+    probe: list
+    job: dict = dc_field(default_factory=dict)   # the job's settings (validate.job_identity)
 
 
 def read_state(directory: str | os.PathLike) -> dict:
     """The ``state.json`` of a checkpoint directory (errors name it and ``resume``)."""
     return read_json(Path(directory) / "state.json", field="resume", what="checkpoint state")
+
+
+def checked_state(directory: Path) -> tuple[dict, Plan]:
+    """``state.json`` of a checkpoint dir, with its plan, checked to be whole and to name the
+    checkpoint of its own epoch."""
+    path = directory / "state.json"
+    state = read_state(directory)
+    try:
+        typed(State, state, "checkpoint state")
+        plan = Plan(**typed(Plan, state["plan"], "plan"))
+        plan.validate()
+    except (TypeError, ValueError, KeyError, HetgradError) as exc:
+        raise InputFileError(f"{path} is not a hetgrad checkpoint state: {exc}",
+                             field="resume") from None
+    if state["checkpoint"] != f"ckpt-{state['epoch']}" or \
+            not (directory / state["checkpoint"]).is_dir():
+        raise InputFileError(f"{path} says epoch {state['epoch']} in {state['checkpoint']}, "
+                             "which is missing or of another epoch: the checkpoint directory "
+                             "was changed by hand", field="resume")
+    return state, plan
 
 
 class Checkpointer:
@@ -80,6 +115,7 @@ class Checkpointer:
     def restore(self, state: dict) -> None:
         """Load model and optimizer (slots included) of ``state`` on this rank, and this
         rank's exchange state (sparse memory) where the optimizer's reducer keeps one."""
+        from .compat import build_optimizer
         build_optimizer(self.optimizer, self.model.trainable_variables)
         path = self.dir / state["checkpoint"] / "ckpt"
         try:

@@ -92,14 +92,15 @@ def main(verbose: bool) -> None:
 def probe(**values):
     """Measure every rank's step time at several batch sizes and fit its model (under mpirun)."""
     def body():
+        from .validate import check_model, checked_probe
+        cfg = TrainConfig(**parse_settings(values))
+        data = checked_probe(cfg).data       # every check that needs no TensorFlow
         from . import preempt, probe as probe_mod
         from .runtime import agree, configure_tf, init
         from .trainer import emulation_of, measure_ranks
-        from .validate import check_probe
-        cfg = TrainConfig(**parse_settings(values))
         comm = init()
         device = agree(comm, lambda: configure_tf(cfg.threads, cfg.device))
-        data = agree(comm, lambda: check_probe(cfg, comm.rank))
+        agree(comm, lambda: check_model(cfg))
         with preempt.listening():
             results = measure_ranks(cfg, comm, data, device, emulation=emulation_of(cfg, comm))
             stop = any(comm.allgather(preempt.requested()))
@@ -160,8 +161,10 @@ def plan(dataset_size, **values):
 def train(**values):
     """Probe, plan and train (run under mpirun / srun; rank 0 prints and writes --out)."""
     def body():
+        from .validate import checked_train
+        checked = checked_train(TrainConfig(**parse_settings(values)))  # before TensorFlow
         from .trainer import train as run_train
-        run_train(TrainConfig(**parse_settings(values)))
+        run_train(checked)
     _run(body, {n: flag_of(n) for n in SETTINGS})
 
 

@@ -21,11 +21,7 @@ from typing import Any
 import numpy as np
 
 from .errors import HetgradError, PeerTimeoutError
-
-
-def gloo_launch() -> bool:
-    """True when Horovod runs on Gloo (``horovodrun --gloo`` sets this for every worker)."""
-    return os.environ.get("HOROVOD_CONTROLLER", "").lower() == "gloo"
+from .launcher import gloo_launch
 
 
 class Comm:
@@ -74,6 +70,29 @@ class Comm:
 def _timeout_error(missing: list[int], timeout: float, field: str) -> PeerTimeoutError:
     return PeerTimeoutError(f"rank(s) {missing} did not report within {timeout:g}s",
                             ranks=missing, field=field)
+
+
+class LocalComm(Comm):
+    """A world of one process that no launcher started (``hetgrad train`` typed directly):
+    the start-up checks need no MPI there."""
+
+    kind = "local"
+    rank, size = 0, 1
+
+    def allgather(self, obj):
+        return [obj]
+
+    def bcast(self, obj, root=0):
+        return obj
+
+    def allreduce_sum(self, array):
+        return np.array(array, copy=True)
+
+    def abort(self, code):
+        sys.exit(code)
+
+    def gather_with_timeout(self, obj, timeout, field="probe_timeout"):
+        return [obj]
 
 
 class MPIComm(Comm):

@@ -17,6 +17,7 @@ WEIGHTINGS = ("plan", "samples")
 OPTIMIZERS = ("sgd", "adam")
 DEVICES = ("cpu", "gpu", "auto")
 NONFINITE_POLICIES = ("abort", "ignore")
+BUILTIN_MODELS = ("mlp", "cnn", "resnet", "wide-mlp", "big-mlp")   # hetgrad.models.MODELS
 
 Check = Callable[[Any], "str | None"]  # the problem with a value, or None
 
@@ -65,7 +66,8 @@ def setting(default, help: str, *, choices: tuple | None = None, check: Check | 
 
 @dataclass
 class TrainConfig:
-    """Everything one ``hetgrad train`` job needs; ``TrainConfig(**kwargs).check()`` validates."""
+    """Everything one ``hetgrad train`` job needs; ``TrainConfig(**kwargs).check()`` validates
+    what needs no TensorFlow (:func:`hetgrad.validate.check_model` imports a user's model)."""
 
     data: str = setting("digits", "digits (embedded), synthetic, or a Keras-format .npz path")
     model: str = setting("mlp", "mlp | cnn | resnet | wide-mlp | big-mlp, or your own: an "
@@ -160,9 +162,8 @@ class TrainConfig:
         if self.resume and not (Path(self.resume) / "state.json").is_file():
             raise ConfigError(f"no checkpoint in {self.resume} (state.json missing)",
                               field="resume")
-        from . import models   # imports the user's model module: its errors come now
-        models.resolve(self.model)
-        models.loss(self.loss)
+        if ":" not in self.model and self.model not in BUILTIN_MODELS:
+            raise ConfigError(unknown_model(self.model), field="model")
 
     def _check_sparse(self) -> None:
         given = {"momentum_correction": self.momentum_correction,
@@ -201,6 +202,11 @@ class TrainConfig:
 
 
 SETTINGS = {f.name: f for f in fields(TrainConfig)}
+
+
+def unknown_model(name: str) -> str:
+    return (f"unknown model {name!r}; choose from {sorted(BUILTIN_MODELS)} or give an import "
+            "path module:function")
 
 
 def check_value(name: str, value) -> None:

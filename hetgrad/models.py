@@ -9,6 +9,7 @@ import sys
 from typing import Callable
 
 from .compat import keras
+from .config import unknown_model
 from .errors import ConfigError
 
 layers = keras.layers
@@ -68,8 +69,7 @@ def resolve(name: str) -> Callable:
     with the working directory on the path), called as ``function(input_shape, num_classes)``."""
     if ":" not in name:
         if name not in MODELS:
-            raise ConfigError(f"unknown model {name!r}; choose from {sorted(MODELS)} or give "
-                              "an import path module:function", field="model")
+            raise ConfigError(unknown_model(name), field="model")
         return MODELS[name]
     module_name, _, attr = name.partition(":")
     if os.getcwd() not in sys.path:

@@ -159,13 +159,6 @@ def _equal_time_or_proportional(models, total: int, lo: list[int], hi: list[int]
     return batches
 
 
-def planner(global_batch: int, min_batch: int = 1, max_batch: Sequence[int] | int | None = None):
-    """Every rank's step model -> every rank's batch of :func:`make_plan` (what the probe's
-    refinement times)."""
-    return lambda models: make_plan(models, global_batch, global_batch, min_batch=min_batch,
-                                    max_batch=max_batch).batches
-
-
 def fixed_plan(batches: Sequence[int], dataset_size: int) -> Plan:
     """The plan with exactly these per-rank ``batches`` (e.g. a hand-made or searched split)."""
     if not batches or any(int(b) != b or b < 1 for b in batches):

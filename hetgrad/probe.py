@@ -9,15 +9,17 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
 from .comm import Comm
-from .compat import keras
 from .errors import InputFileError
 from .io import read_json, typed, write_json
 from .perfmodel import StepModel, fit, relative_noise, scale_through
+
+if TYPE_CHECKING:   # loading a saved probe (the start-up checks) needs no TensorFlow
+    from .compat import keras
 
 
 @dataclass
@@ -108,6 +110,7 @@ def run_probe(comm: Comm, build_model: Callable[[], keras.Model], input_shape, n
     """Probe a fresh copy of ``hetgrad train``'s model, compiled with its ``loss``, on
     synthetic batches, then :func:`refine` it at the ``planner``'s batches (``rounds`` at
     most). ``verbose``: rank 0 says what it times."""
+    from .compat import keras
     model = build_model()
     model.compile(optimizer=keras.optimizers.SGD(0.0), loss=loss)
     say = verbose and comm.rank == 0

@@ -9,7 +9,8 @@ import traceback
 from contextlib import contextmanager
 from typing import Callable, TypeVar
 
-from .comm import Comm, connect, gloo_launch
+from .comm import Comm, LocalComm, MPIComm, connect
+from .launcher import gloo_launch, launched, rank_and_size
 from .config import check_value
 from .errors import AgreedError, ConfigError, HetgradError, Interrupted
 
@@ -62,6 +63,20 @@ def init() -> Comm:
     if _WORLD is None:
         _WORLD = connect()
     return _WORLD
+
+
+def control(threads: int = 1, device: str = "cpu") -> Comm:
+    """The ranks' channel for the start-up checks, which run before TensorFlow is loaded:
+    mpi4py's world where MPI is the launcher's (mpirun, srun, horovodrun with MPI), so a bad
+    flag is refused in about a second (no MPI at all in a process no launcher started).
+    Under Gloo only Horovod's world exists, and its
+    collectives are TensorFlow ops: there TensorFlow is loaded and configured first
+    (:func:`configure_tf` with ``threads`` and ``device``)."""
+    if _WORLD is None and not gloo_launch():
+        return MPIComm() if launched() else LocalComm()
+    comm = init()
+    agree(comm, lambda: configure_tf(threads, device))
+    return comm
 
 
 @contextmanager
@@ -151,8 +166,4 @@ def _rank_size() -> tuple[int, int]:
     """This rank and the world size, also before (or without) :func:`init`."""
     if _WORLD is not None:
         return _WORLD.rank, _WORLD.size
-    for r, s in (("HOROVOD_RANK", "HOROVOD_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
-                 ("PMI_RANK", "PMI_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS")):
-        if r in os.environ:
-            return int(os.environ[r]), int(os.environ.get(s, 1))
-    return 0, 1
+    return rank_and_size()

@@ -17,17 +17,16 @@ from .checkpoint import Checkpointer
 from .compat import keras
 from .config import TrainConfig
 from .emulate import parse_schedule
-from .errors import ConfigError
 from .keras import DistributedOptimizer, count_samples
 from .loop import run_epochs
-from .partition import Plan, equal_plan, make_plan, planner
-from .perfmodel import probe_batches
+from .partition import Plan
+from .planning import choose_plan, planner, probe_sizes
 from .rebalance import Rebalancer
 from .record import build_record, save_record, sparse_bytes
 from .run import Run
 from .runtime import agree, configure_tf, init
 from .sparse.reducer import SparseReducer
-from .validate import check_train, job_identity
+from .validate import Checked, check_model, checked_train, job_identity
 from .watchdog import stall_check
 
 
@@ -59,14 +58,16 @@ class Job(Run):
     num_epochs = property(lambda self: self.cfg.epochs)
 
 
-def build_job(cfg: TrainConfig) -> Job:
-    """Check ``cfg``, start MPI/Horovod, load data, probe (or reuse a probe), plan, build and
-    compile the model, restore a checkpoint when resuming."""
+def build_job(checked: Checked) -> Job:
+    """From settings that passed the checks (:func:`hetgrad.validate.checked_train`): start
+    Horovod, check the model, probe (or reuse a probe), plan, build and compile the model,
+    restore a checkpoint when resuming."""
+    cfg, state = checked.cfg, checked.state
     stall_check(cfg.step_timeout)
     comm = init()   # TF threads are set before any collective (Gloo's are TF ops)
     device = agree(comm, lambda: configure_tf(cfg.threads, cfg.device))
-    data, state = agree(comm, lambda: check_train(cfg, comm.rank, comm.size))
-    data = data.shuffled(cfg.seed)
+    agree(comm, lambda: check_model(cfg))
+    data = checked.data.shuffled(cfg.seed)
     emulation = emulation_of(cfg, comm)
     t0 = time.perf_counter()
     probed = measure_ranks(cfg, comm, data, device, state, emulation)
@@ -111,35 +112,6 @@ def measure_ranks(cfg: TrainConfig, comm, data, device: str, state: dict | None 
             planner=planner(cfg.global_batch, cfg.min_batch, cfg.max_batch),
             rounds=cfg.probe_refine, loss=models.loss(cfg.loss), verbose=not cfg.quiet)
     return [replace(r, emulation=cfg.emulation_spec()) for r in results]
-
-
-def probe_sizes(cfg: TrainConfig, rank: int, size: int) -> list[int]:
-    """Rank ``rank``'s probe batches: geometric up to ``--probe-batch`` (default B), capped."""
-    cap = cfg.max_batch[rank] if isinstance(cfg.max_batch, list) else cfg.max_batch
-    top = min(cfg.probe_batch or cfg.global_batch, cap or cfg.global_batch)
-    return probe_batches(top, cfg.global_batch, size, cfg.probe_sizes)
-
-
-def choose_plan(cfg: TrainConfig, size: int, n_train: int, probed: list | None) -> Plan:
-    """The plan file if given, else equal batches (mode equal), else speeds -> partitioner
-    (``probed`` None: equal speeds, what validation plans to find infeasible settings)."""
-    if cfg.plan:
-        plan = Plan.load(cfg.plan, world_size=size)
-        if plan.dataset_size != n_train:
-            raise ConfigError(f"plan file {cfg.plan} is for {plan.dataset_size} samples, the "
-                              f"data has {n_train}", field="plan")
-        return plan
-    if cfg.mode == "equal":
-        if cfg.global_batch % size:
-            raise ConfigError(f"mode equal needs a global batch divisible by {size} ranks",
-                              field="global_batch")
-        return equal_plan(size, cfg.global_batch, n_train)
-    if cfg.speeds is not None and len(cfg.speeds) != size:
-        raise ConfigError(f"{len(cfg.speeds)} speeds for {size} ranks", field="speeds")
-    speeds = cfg.speeds if cfg.speeds is not None else \
-        [r.model() for r in probed] if probed else [1.0] * size
-    return make_plan(speeds, cfg.global_batch, n_train, min_batch=cfg.min_batch,
-                     max_batch=cfg.max_batch)
 
 
 def build_model(cfg: TrainConfig, data: data_mod.Dataset, seed: int = 0):
@@ -238,11 +210,13 @@ def _announce(job: Job) -> None:
           + (f", {plan.dropped} samples dropped" if plan.dropped else ""), flush=True)
 
 
-def train(cfg: TrainConfig | None = None, **settings) -> dict:
-    """Run one training job on the current MPI world (``cfg``, or ``TrainConfig(**settings)``);
-    rank 0 writes and returns the record."""
+def train(cfg: TrainConfig | Checked | None = None, **settings) -> dict:
+    """Run one training job on the current MPI world (``cfg``, already checked or not, or
+    ``TrainConfig(**settings)``); rank 0 writes and returns the record."""
+    cfg = cfg if cfg is not None else TrainConfig(**settings)
+    checked = cfg if isinstance(cfg, Checked) else checked_train(cfg)
     with preempt.listening():   # a stop request during start-up waits for epoch 1's end
-        job = build_job(cfg if cfg is not None else TrainConfig(**settings))
+        job = build_job(checked)
         _announce(job)
         actions = default_actions(job)
         wall = run_epochs(job, actions)

@@ -1,18 +1,24 @@
 """Everything a job's settings and files must satisfy, checked before any rank does work:
 flags (ranges, combinations, flags that would do nothing), the data, plan, probe and
 checkpoint files, and that every output can be written. Each rank runs the same checks;
-:func:`hetgrad.runtime.agree` then ends every rank with the same one-line error."""
+:func:`hetgrad.runtime.agree` then ends every rank with the same one-line error.
+
+All of it runs before TensorFlow is imported (:func:`checked_train`, :func:`checked_probe`),
+except :func:`check_model`, which imports the user's model module and Keras."""
 from __future__ import annotations
 
 import os
 import tempfile
-from dataclasses import dataclass, field as dc_field
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import data as data_mod
+from .checkpoint import checked_state
 from .config import SETTINGS, TrainConfig
-from .errors import ConfigError, HetgradError, InputFileError
-from .io import typed
+from .emulate import parse_schedule
+from .errors import ConfigError, InputFileError
+from .planning import choose_plan
+from .runtime import agree, control
 
 # setting -> (when it does something, what it needs): given otherwise, it is an error
 NEEDS = {
@@ -52,9 +58,12 @@ def given(cfg: TrainConfig) -> list[str]:
     return [n for n, f in SETTINGS.items() if getattr(cfg, n) != f.default]
 
 
-def check_flags(cfg: TrainConfig) -> None:
-    """Every flag's own rule and combination rule, then: no flag given that does nothing."""
+def check_flags(cfg: TrainConfig, world_size: int) -> None:
+    """Every flag's own rule and combination rule, the per-rank lists for ``world_size``
+    ranks, then: no flag given that does nothing."""
     cfg.check()
+    if cfg.emulate_speeds:
+        parse_schedule(cfg.emulate_speeds, world_size)
     for name in given(cfg):
         if name in NEEDS and not NEEDS[name][0](cfg):
             raise ConfigError(f"does nothing without {NEEDS[name][1]}", field=name)
@@ -104,7 +113,7 @@ def check_resume(cfg: TrainConfig, world_size: int, n_train: int) -> dict | None
     checkpoint, and from a job with the same ranks, data, global batch and settings."""
     if not cfg.resume:
         return None
-    state, plan = _checked_state(Path(cfg.resume))
+    state, plan = checked_state(Path(cfg.resume))
 
     def bad(text: str, field: str = "resume"):
         raise InputFileError(text, field=field)
@@ -127,39 +136,6 @@ def check_resume(cfg: TrainConfig, world_size: int, n_train: int) -> dict | None
     return state
 
 
-def _checked_state(directory: Path) -> tuple[dict, "Plan"]:
-    """``state.json`` of a checkpoint dir, with its plan, checked to be whole and to name the
-    checkpoint of its own epoch."""
-    from .checkpoint import read_state
-    from .partition import Plan
-    path = directory / "state.json"
-    state = read_state(directory)
-    try:
-        typed(_State, state, "checkpoint state")
-        plan = Plan(**typed(Plan, state["plan"], "plan"))
-        plan.validate()
-    except (TypeError, ValueError, KeyError, HetgradError) as exc:
-        raise InputFileError(f"{path} is not a hetgrad checkpoint state: {exc}",
-                             field="resume") from None
-    if state["checkpoint"] != f"ckpt-{state['epoch']}" or \
-            not (directory / state["checkpoint"]).is_dir():
-        raise InputFileError(f"{path} says epoch {state['epoch']} in {state['checkpoint']}, "
-                             "which is missing or of another epoch: the checkpoint directory "
-                             "was changed by hand", field="resume")
-    return state, plan
-
-
-@dataclass
-class _State:
-    """The fields of ``state.json`` (types for :func:`hetgrad.io.typed`)."""
-
-    epoch: int
-    checkpoint: str
-    plan: dict
-    probe: list
-    job: dict = dc_field(default_factory=dict)
-
-
 def _shown(value) -> str:
     return "none" if value is None else repr(value)
 
@@ -170,15 +146,15 @@ def job_identity(cfg: TrainConfig) -> dict:
 
 
 def check_train(cfg: TrainConfig, rank: int, world_size: int) -> tuple:
-    """Every check of ``hetgrad train``; returns the loaded data and the resumed state."""
-    check_flags(cfg)
+    """Every check of ``hetgrad train`` that needs no TensorFlow; returns the loaded data
+    and the resumed state."""
+    check_flags(cfg, world_size)
     if rank == 0:
         check_writable(cfg.out, "out")
     check_checkpoint_dir(cfg)
     data = data_mod.load(cfg.data)
     state = check_resume(cfg, world_size, len(data.y_train))
-    if state is None:
-        from .trainer import choose_plan   # the partitioner's own checks, on equal speeds
+    if state is None:   # the partitioner's own checks, on equal speeds
         choose_plan(cfg, world_size, len(data.y_train), None)
     if cfg.probe_file:
         check_probe_file(cfg, world_size)
@@ -196,14 +172,46 @@ def check_probe_file(cfg: TrainConfig, world_size: int) -> None:
                              "same speeds", field="probe_file")
 
 
-def check_probe(cfg: TrainConfig, rank: int) -> data_mod.Dataset:
-    """Every check of ``hetgrad probe`` (a flag that would do nothing included); returns the
-    loaded data."""
-    check_flags(cfg)
+def check_probe(cfg: TrainConfig, rank: int, world_size: int) -> data_mod.Dataset:
+    """Every check of ``hetgrad probe`` that needs no TensorFlow (a flag that would do nothing
+    included); returns the loaded data."""
+    check_flags(cfg, world_size)
     if rank == 0:
         check_writable(cfg.out, "out")
     return data_mod.load(cfg.data)
 
 
+def check_model(cfg: TrainConfig) -> None:
+    """``--model`` and ``--loss``: imports the user's model module (and Keras with it), so it
+    runs after every other check."""
+    from . import models
+    models.resolve(cfg.model)
+    models.loss(cfg.loss)
+
+
+@dataclass(frozen=True)
+class Checked:
+    """A job's settings that passed every check needing no TensorFlow, on every rank, with
+    the dataset and checkpoint state the checks read."""
+
+    cfg: TrainConfig
+    data: data_mod.Dataset
+    state: dict | None = None
+
+
+def checked_train(cfg: TrainConfig) -> Checked:
+    """Every ``hetgrad train`` check that needs no TensorFlow, agreed by every rank."""
+    comm = control(cfg.threads, cfg.device)
+    data, state = agree(comm, lambda: check_train(cfg, comm.rank, comm.size))
+    return Checked(cfg, data, state)
+
+
+def checked_probe(cfg: TrainConfig) -> Checked:
+    """Every ``hetgrad probe`` check that needs no TensorFlow, agreed by every rank."""
+    comm = control(cfg.threads, cfg.device)
+    return Checked(cfg, agree(comm, lambda: check_probe(cfg, comm.rank, comm.size)))
+
+
 __all__ = ["check_train", "check_probe", "check_flags", "check_writable", "check_resume",
-           "check_checkpoint_dir", "job_identity"]
+           "check_checkpoint_dir", "check_model", "job_identity", "Checked", "checked_train",
+           "checked_probe"]

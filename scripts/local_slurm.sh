@@ -12,8 +12,10 @@
 # through SLURM_CONF), the munge key and socket (slurm.conf's AuthInfo names it), state, spool,
 # logs, pid files and per-node TmpFS (PMIx puts a step's spmix_appdir there; one shared /tmp
 # would make the two slurmd of a hetjob step collide). It never reads or writes /etc/slurm or
-# /etc/munge, picks free ports, and stops processes by its own pid files only. A requeued job
-# waits cred_expire + 1 s before it starts again: 31 s here (Slurm's default is 121 s).
+# /etc/munge, picks free ports, and stops processes by its own pid files only. Waits are short
+# for tests: a requeued job waits cred_expire + 1 s before it starts again (6 s here, Slurm's
+# default 121 s), and both schedulers run every second (a hetjob starts only through the
+# backfill scheduler: 30 s by default).
 # `start` and `stop` are idempotent. Diagnostics go to stderr, export lines to stdout.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -96,7 +98,7 @@ SlurmUser=$(id -un)
 SlurmdUser=$(id -un)
 SlurmctldPort=$port
 AuthType=auth/munge
-AuthInfo=socket=$DIR/munge/munge.socket,cred_expire=30
+AuthInfo=socket=$DIR/munge/munge.socket,cred_expire=5
 CredType=cred/munge
 PlugStackConfig=$DIR/plugstack.conf
 StateSaveLocation=$DIR/state
@@ -115,7 +117,7 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 ReturnToService=2
 KillWait=10
-SchedulerParameters=sched_interval=5
+SchedulerParameters=sched_interval=1,bf_interval=1
 MpiDefault=none
 CONF
   for i in "${!NODES[@]}"; do
@@ -182,11 +184,15 @@ stop() {
   fi
   mapfile -t stepds < <(our_stepds)
   end_pids "${stepds[@]}"
-  while read -r f name; do   # slurmd before slurmctld before munged
+  local slurmds=() others=()
+  while read -r f name; do   # every slurmd (together), then slurmctld, then munged
     pid=$(pid_of "$f" "$name")
-    [ -n "$pid" ] && pids=("$pid" "${pids[@]}")
+    [ -n "$pid" ] || continue
+    pids+=("$pid")
+    if [ "$name" = slurmd ]; then slurmds+=("$pid"); else others=("$pid" "${others[@]}"); fi
   done < <(daemons)
-  for pid in "${pids[@]}"; do end_pids "$pid"; done
+  end_pids "${slurmds[@]}"
+  for pid in "${others[@]}"; do end_pids "$pid"; done
   rm -f "$DIR"/run/*.pid
   say "stopped (${#pids[@]} daemons, ${#stepds[@]} job steps)"
 }

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from world import Worlds, WorldOf, world_env
+
 ROOT = Path(__file__).resolve().parents[1]
 MPI_DIR = Path(__file__).parent / "mpi"
 
@@ -22,6 +24,10 @@ def mpirun_cmd(np_: int, args: list[str]) -> list[str]:
 
 
 LAUNCHERS = ("mpirun", "horovodrun-mpi", "horovodrun-gloo")
+
+# mpirun waits 2 s (odls_base_sigkill_timeout 1 s, twice) before it ends the ranks of a job in
+# which a rank failed; for launches that are to fail and whose ranks have nothing more to say
+FAST_ABORT = {"OMPI_MCA_odls_base_sigkill_timeout": "0"}
 
 
 def launch_cmd(launcher: str, np_: int, args: list[str]) -> list[str]:
@@ -63,3 +69,66 @@ def read_json(path) -> dict:
 @pytest.fixture
 def mpi():
     return run_mpi
+
+
+@pytest.fixture(scope="session")
+def worlds():
+    """The session's test worlds (tests/world.py), ended when the session ends."""
+    w = Worlds(mpirun_cmd, world_env())
+    yield w
+    w.close()
+
+
+@pytest.fixture(scope="session")
+def world2(worlds):
+    """A world of 2 ranks for in-process cases (tests/mpi/*.py functions)."""
+    return WorldOf(worlds, 2)
+
+
+@pytest.fixture(scope="session")
+def world3(worlds):
+    """A world of 3 ranks for in-process cases."""
+    return WorldOf(worlds, 3)
+
+
+def launch_cases(launcher: str, np_: int, cases: list, directory: Path) -> list:
+    """Run test-world cases (``[case, kwargs]``, tests/mpi/launch_cases.py) in one launch
+    under ``launcher``; rank 0's return values."""
+    spec, out = directory / f"{launcher}-cases.json", directory / f"{launcher}-out.json"
+    spec.write_text(json.dumps(cases))
+    proc = run_mpi(np_, [str(MPI_DIR / "launch_cases.py"), str(spec), str(out)], timeout=400,
+                   launcher=launcher)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return [proc.stdout, *read_json(out)]
+
+
+# what tests/test_launchers.py trains under every launcher (2 ranks, fixed plan 1,3, the
+# rebalancer measuring every epoch with a threshold too high to re-plan, a checkpoint every
+# epoch), dense and sparse
+TRAIN_ARMS = {"dense": {}, "sparse": {"sparsify": "sticky", "density": 0.05}}
+
+
+def train_arm(directory: Path, launcher: str, arm: str) -> dict:
+    tag = f"{launcher}-{arm}"
+    return dict(speeds=[1, 3], epochs=3, rebalance=True, rebalance_threshold=1000,
+                checkpoint_dir=str(directory / f"{tag}-ckpt"), out=str(directory / f"{tag}.json"),
+                **TRAIN_ARMS[arm])
+
+
+@pytest.fixture(scope="session")
+def under_horovodrun(tmp_path_factory) -> dict:
+    """One launch per horovodrun controller (MPI, Gloo) of 2 ranks, running every case that
+    must run under it: the training arms of tests/test_launchers.py and, under Gloo, the
+    sparse exchanges of tests/test_sparsify.py. ``{launcher: {name: result}}``, with
+    ``"stdout"`` what the launch printed."""
+    d = tmp_path_factory.mktemp("horovodrun")
+    runs = {}
+    for launcher in LAUNCHERS[1:]:
+        cases = [["training:train", train_arm(d, launcher, arm)] for arm in TRAIN_ARMS]
+        if launcher == "horovodrun-gloo":
+            cases.append(["sparse_exchange:exchanges", {}])
+        stdout, *results = launch_cases(launcher, 2, cases, d)
+        runs[launcher] = {"stdout": stdout, "dir": d, **dict(zip(TRAIN_ARMS, results)),
+                          **({"exchanges": results[-1]} if len(results) > len(TRAIN_ARMS)
+                             else {})}
+    return runs

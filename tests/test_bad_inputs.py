@@ -1,6 +1,7 @@
 """Bad inputs to `hetgrad train | probe | plan | report`, as a new user would give them: each
 ends with exit 2 and one `hetgrad: error` line naming the flag or file, no traceback, before
-any probe (within seconds), and no file created, changed or deleted."""
+any probe -- and before TensorFlow is even imported, except for a user's model module and a
+Keras loss name -- and no file created, changed or deleted."""
 import hashlib
 import json
 import os
@@ -13,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import ROOT, hetgrad_mpi
+from conftest import FAST_ABORT, ROOT, hetgrad_mpi
 from hetgrad.partition import make_plan
 
 DIGITS = 1437
@@ -59,6 +60,9 @@ def d(tmp_path_factory):
     _npz(d / "emptytest.npz", x_test=np.zeros((0, 4, 4), np.float32), y_test=np.zeros(0, int))
     _npz(d / "flat.npz", x_train=np.arange(40, dtype=np.float32))
     _npz(d / "testlabel.npz", y_test=np.arange(9) % 5)
+    (d / "no_tensorflow").mkdir()
+    (d / "no_tensorflow" / "tensorflow.py").write_text(
+        "raise ImportError('TensorFlow was imported before the input was refused')\n")
     (d / "usermodels.py").write_text(
         "from hetgrad.compat import keras\n"
         "def one_output(input_shape, num_classes):\n"
@@ -216,10 +220,20 @@ def check_refused(p: subprocess.CompletedProcess, needle: str, elapsed: float) -
     assert elapsed < 40, elapsed
 
 
-def _run(d: Path, args: list[str]) -> tuple[subprocess.CompletedProcess, float]:
+def needs_tensorflow(args: list[str]) -> bool:
+    """Only a user's model module (``--model module:function``) and ``--loss`` (a Keras name)
+    are checked with TensorFlow loaded; every other input is refused before it."""
+    return "--loss" in args or any(":" in a for a in args[args.index("--model") + 1:][:1]) \
+        if "--model" in args else "--loss" in args
+
+
+def _run(d: Path, args: list[str], tf: bool = True) -> tuple[subprocess.CompletedProcess, float]:
+    """``hetgrad ARGS`` in ``d``; without ``tf``, importing TensorFlow fails (a stand-in
+    package first on the path raises), so a check that loads it shows as a traceback."""
+    path = f"{d}:{ROOT}" if tf else f"{d / 'no_tensorflow'}:{d}:{ROOT}"
     t0 = time.monotonic()
     p = subprocess.run([sys.executable, "-m", "hetgrad.cli", *args], capture_output=True,
-                       text=True, timeout=120, cwd=d, env=dict(os.environ, PYTHONPATH=f"{d}:{ROOT}"))
+                       text=True, timeout=120, cwd=d, env=dict(os.environ, PYTHONPATH=path))
     return p, time.monotonic() - t0
 
 
@@ -241,7 +255,8 @@ def outcomes(d):
 
     before = snapshot(d)
     with ThreadPoolExecutor(3) as pool:
-        results = list(pool.map(lambda c: _run(d, command(c[0], c[1])), CASES))
+        results = list(pool.map(lambda c: _run(d, command(c[0], c[1]), needs_tensorflow(c[1])),
+                                CASES))
     return {(kind, tuple(args)): r for (kind, args, _), r in zip(CASES, results)}, \
         before, snapshot(d)
 
@@ -257,7 +272,7 @@ def test_bad_input_is_refused_in_one_line(d, outcomes, kind, args, needle):
 def test_same_error_on_every_rank_is_printed_once_without_abort(d, tmp_path):
     t0 = time.monotonic()
     p = hetgrad_mpi(2, ["train", "--global-batch", "5000", "--out", str(tmp_path / "r.json")],
-                    timeout=120)
+                    timeout=120, env_update=FAST_ABORT)
     check_refused(p, "hetgrad: error: --global-batch: dataset has 1437 samples",
                   time.monotonic() - t0)
     assert list(tmp_path.iterdir()) == []

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from conftest import hetgrad_mpi
+from conftest import FAST_ABORT, hetgrad_mpi
 
 
 def hetgrad(*args):
@@ -45,7 +45,7 @@ def test_train_plan_for_other_rank_count(tmp_path):
                    "--out", str(plan)).returncode == 0
     t0 = time.time()
     p = hetgrad_mpi(2, ["train", "--plan", str(plan), "--epochs", "1", "--out",
-                        str(tmp_path / "r.json")], timeout=200)
+                        str(tmp_path / "r.json")], timeout=200, env_update=FAST_ABORT)
     assert p.returncode != 0
     assert "--plan: plan file" in p.stderr and "is for 3 ranks but this job has 2" in p.stderr
     assert time.time() - t0 < 120
@@ -55,6 +55,6 @@ def test_train_unreadable_npz(tmp_path):
     bad = tmp_path / "bad.npz"
     bad.write_text("garbage")
     p = hetgrad_mpi(2, ["train", "--data", str(bad), "--epochs", "1",
-                        "--out", str(tmp_path / "r.json")], timeout=200)
+                        "--out", str(tmp_path / "r.json")], timeout=200, env_update=FAST_ABORT)
     assert p.returncode != 0
     assert "--data: cannot read" in p.stderr and "bad.npz" in p.stderr

@@ -8,19 +8,15 @@ import hetgrad
 import hetgrad.keras as hk
 from hetgrad.errors import HetgradError
 
-from conftest import MPI_DIR, read_json, run_mpi
 
 # sleeps well above a 2-core machine's noise in the probe's smallest batches (at 2e-3 the plan
 # came out [5, 5, 14] about 1 run in 6)
 EMULATED = {"HETGRAD_EMULATE_SPEEDS": "1,2,4", "HETGRAD_EMULATE_UNIT": "4e-3"}
 
 
-def test_fit_on_three_ranks(tmp_path):
-    out = tmp_path / "fit.json"
-    proc = run_mpi(3, [str(MPI_DIR / "fit.py"), str(out), str(tmp_path / "ckpt")],
-                   env_update=EMULATED, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    res = read_json(out)
+def test_fit_on_three_ranks(world3, tmp_path):
+    ran = world3.run("fit:run", str(tmp_path / "ckpt"), env=EMULATED)
+    res = ran.root
     assert res["fit_vs_manual"] < 1e-6          # = probe-free hk.shard + DistributedOptimizer
     assert res["steps_per_execution_vs_fit"] < 1e-6
     assert res["steps_per_execution_probed"] == 3 and res["steps_per_execution_kept"] == 3
@@ -34,8 +30,9 @@ def test_fit_on_three_ranks(tmp_path):
     assert res["resumed_epochs"] == [2, 3] and res["resume_err"] < 1e-6
     loss = res["probed_loss"]
     assert loss[-1] < loss[0] and loss[-1] < 0.5 * res["var_y"]
-    plans = re.findall(r"hetgrad: plan batches \[(\d+), (\d+), (\d+)\]", proc.stdout)
-    assert len(plans) == 1, proc.stdout            # rank 0 only, the probed run
+    printed = "".join(ran.stdout)
+    plans = re.findall(r"hetgrad: plan batches \[(\d+), (\d+), (\d+)\]", printed)
+    assert len(plans) == 1, printed                # rank 0 only, the probed run
     b = list(map(int, plans[0]))
     assert sum(b) == 24 and b[0] < b[1] < b[2], b  # follows the emulated speeds 1, 2, 4
 

@@ -2,15 +2,10 @@
 compared with one process on the concatenated batch (tests/mpi/parity.py)."""
 import pytest
 
-from conftest import MPI_DIR, read_json, run_mpi
-
 
 @pytest.fixture(scope="module")
-def parity(tmp_path_factory):
-    d = tmp_path_factory.mktemp("parity")
-    proc = run_mpi(3, [str(MPI_DIR / "parity.py"), str(d / "parity.json"), str(d)], timeout=400)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return read_json(d / "parity.json")
+def parity(world3, tmp_path_factory):
+    return world3.run("parity:run", str(tmp_path_factory.mktemp("parity")), timeout=400).root
 
 
 def test_ranks_run_the_flavour_of_this_stack(parity):

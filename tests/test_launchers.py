@@ -1,6 +1,7 @@
 """`hetgrad train` under every launcher the README names: mpirun, horovodrun (MPI) and
 horovodrun --gloo (where mpi4py sees one process per rank and hetgrad's control messages must
-travel on Horovod's world). Each gives the same world, probe and final weights as mpirun."""
+travel on Horovod's world). Each gives the same world, probe and final weights as mpirun.
+(The horovodrun launches are conftest's ``under_horovodrun``, shared with other modules.)"""
 import time
 
 import numpy as np
@@ -9,34 +10,38 @@ import pytest
 from hetgrad.comm import check_same_world
 from hetgrad.errors import HetgradError
 
-from conftest import LAUNCHERS, MPI_DIR, hetgrad_mpi, read_json, run_mpi
+from conftest import LAUNCHERS, MPI_DIR, TRAIN_ARMS, read_json, run_mpi, train_arm
 
-ARMS = {"dense": [], "sparse": ["--sparsify", "sticky", "--density", "0.05"]}
+@pytest.fixture(scope="module")
+def launched(world2, under_horovodrun, tmp_path_factory):
+    """Every arm under every launcher: mpirun's in a test world (mpirun started it), the
+    horovodrun ones from their launch. ``{(launcher, arm): (printed, record, weights)}``"""
+    tmp = tmp_path_factory.mktemp("launchers")
+    printed = {("mpirun", arm): "".join(world2.run("training:train",
+                                                   **train_arm(tmp, "mpirun", arm)).stdout)
+               for arm in TRAIN_ARMS}
+    printed.update({(launcher, arm): under_horovodrun[launcher]["stdout"]
+                    for launcher in LAUNCHERS[1:] for arm in TRAIN_ARMS})
+    where = {"mpirun": tmp, **{launcher: under_horovodrun[launcher]["dir"]
+                               for launcher in LAUNCHERS[1:]}}
+    return {(launcher, arm): (out, read_json(where[launcher] / f"{launcher}-{arm}.json"),
+                              np.load(where[launcher] / f"{launcher}-{arm}-ckpt" /
+                                      "final_weights.npz"))
+            for (launcher, arm), out in printed.items()}
 
 
-def _train(tmp_path, launcher: str, arm: str):
-    """Two ranks, fixed plan (speeds 1,3), rebalancer measuring every epoch (its threshold too
-    high to re-plan, so the weights stay comparable), a checkpoint every epoch."""
-    tag = f"{launcher}-{arm}"
-    out, ckpt = tmp_path / f"{tag}.json", tmp_path / f"{tag}-ckpt"
-    proc = hetgrad_mpi(2, ["train", "--speeds", "1,3", "--epochs", "3", "--rebalance",
-                           "--rebalance-threshold", "1000", "--checkpoint-dir", str(ckpt),
-                           *ARMS[arm], "--out", str(out)], timeout=300, launcher=launcher)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    return proc, read_json(out), np.load(ckpt / "final_weights.npz")
-
-
-@pytest.mark.parametrize("arm", sorted(ARMS))
-def test_every_launcher_trains_the_same(tmp_path, arm):
-    runs = {launcher: _train(tmp_path, launcher, arm) for launcher in LAUNCHERS}
-    _, _, reference = runs["mpirun"]
-    for launcher, (proc, rec, weights) in runs.items():
+@pytest.mark.parametrize("arm", sorted(TRAIN_ARMS))
+def test_every_launcher_trains_the_same(launched, arm):
+    _, _, reference = launched["mpirun", arm]
+    for launcher in LAUNCHERS:
+        printed, rec, weights = launched[launcher, arm]
         assert rec["world_size"] == 2, launcher
         assert [p["rank"] for p in rec["probe"]] == [0, 1], (launcher, rec["probe"])
         assert rec["plan"]["batches"] == [24, 72], launcher
         assert len(rec["balance"]) == 3 and len(rec["per_rank_epoch_times_s"]) == 2, launcher
         assert rec["controller"] == ("gloo" if launcher.endswith("gloo") else "mpi"), launcher
-        assert proc.stdout.count("epoch   3/3") == 1, (launcher, proc.stdout)  # rank 0 only
+        runs = 1 if launcher == "mpirun" else len(TRAIN_ARMS)  # one launch prints every arm
+        assert printed.count("epoch   3/3") == runs, (launcher, printed)  # rank 0 only
         for name in reference.files:
             np.testing.assert_allclose(weights[name], reference[name], rtol=0, atol=1e-6,
                                        err_msg=f"{launcher} {arm} {name}")

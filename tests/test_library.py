@@ -8,14 +8,10 @@ import hetgrad
 import hetgrad.keras as hk
 from hetgrad.errors import HetgradError
 
-from conftest import MPI_DIR, read_json, run_mpi
 
 
-def test_probe_plan_shard_on_three_ranks(tmp_path):
-    out = tmp_path / "library.json"
-    proc = run_mpi(3, [str(MPI_DIR / "library.py"), str(out)], timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    res = read_json(out)
+def test_probe_plan_shard_on_three_ranks(world3):
+    res = world3.run("library:run").root
     for name in ("regression", "two_input"):
         r = res[name]
         assert r["same_state"], name       # weights and optimizer slots untouched

@@ -173,16 +173,10 @@ def test_refine_corrects_a_plan_a_noisy_fixed_cost_put_off_by_a_sample():
     assert planned[1:] == [[9, 87], [10, 86], [10, 86]] and len(out[0].plan_points) == 2
 
 
-def test_probe_record_and_per_rank_timers_on_two_ranks(tmp_path):
+def test_probe_record_and_per_rank_timers_on_two_ranks(world2, tmp_path):
     """Rank 1 emulated 4x faster; mode uneven-avg (a baseline) is timed like weighted."""
-    from conftest import hetgrad_mpi, read_json
-    out = tmp_path / "run.json"
-    proc = hetgrad_mpi(2, ["train", "--mode", "uneven-avg", "--emulate-speeds", "1,4",
-                           "--probe-refine", "1",
-                           "--emulate-unit", "2e-3", "--epochs", "3", "--quiet",
-                           "--out", str(out)], timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rec = read_json(out)
+    rec = world2.run("training:train", mode="uneven-avg", emulate_speeds="1,4", probe_refine=1,
+                     emulate_unit=2e-3, epochs=3, quiet=True, out=str(tmp_path / "run.json")).root
     for entry in rec["probe"]:
         assert [b for b, _ in entry["points"]] == [12, 34, 96]  # B / (4 P) .. B
         assert entry["fixed_s"] >= 0

@@ -4,7 +4,6 @@ import json
 
 import pytest
 
-from conftest import hetgrad_mpi, read_json
 from hetgrad.errors import HetgradError
 from hetgrad.partition import make_plan
 from hetgrad.rebalance import Rebalancer, imbalance
@@ -63,19 +62,18 @@ def test_imbalance_and_bad_threshold():
 
 
 @pytest.fixture(scope="module")
-def slowdown_runs(tmp_path_factory):
+def slowdown_runs(world3, tmp_path_factory):
     """Rank 1 becomes 4x slower from epoch index 2; 4 epochs, static vs --rebalance."""
     d = tmp_path_factory.mktemp("rebalance")
-    common = ["train", "--speeds", "1,1,1", "--emulate-speeds", "1,1,1;2:1,0.25,1",
-              "--emulate-unit", "2e-3", "--epochs", "4", "--quiet"]
+    common = dict(speeds=[1, 1, 1], emulate_speeds="1,1,1;2:1,0.25,1", emulate_unit=2e-3,
+                  epochs=4, quiet=True)
     runs = {}
-    for name, extra in (("static", []),
+    for name, extra in (("static", {}),
                         # a high threshold: equal speeds must not churn even on a busy machine
-                        ("rebalance", ["--rebalance", "--rebalance-threshold", "0.25",
-                                       "--checkpoint-dir", str(d / "ckpt")])):
-        p = hetgrad_mpi(3, [*common, *extra, "--out", str(d / f"{name}.json")], timeout=300)
-        assert p.returncode == 0, p.stderr[-3000:]
-        runs[name] = read_json(d / f"{name}.json")
+                        ("rebalance", dict(rebalance=True, rebalance_threshold=0.25,
+                                           checkpoint_dir=str(d / "ckpt")))):
+        runs[name] = world3.run("training:train", **common, **extra,
+                                out=str(d / f"{name}.json")).root
     runs["state"] = json.loads((d / "ckpt" / "state.json").read_text())
     return runs
 

@@ -131,25 +131,6 @@ ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEM
 ON_GPU1 = ["--nodes=1", "--overcommit", "--ntasks=3", "-w", "gpu1"]
 
 
-def test_train_sbatch_runs_and_reuses_probe(slurm, tmp_path):
-    env = {**slurm, "HETGRAD_EPOCHS": "3", "HETGRAD_JOB_DIR": str(tmp_path / "job"),
-           "HETGRAD_EXTRA": "--emulate-speeds 1,2,4"}
-    rc, log = sbatch(env, tmp_path, [*ON_GPU1, ROOT / "slurm/train.sbatch"])
-    assert rc == 0, log[-3000:]
-    rec = json.loads((tmp_path / "job/run.json").read_text())
-    assert sum(rec["plan"]["batches"]) == rec["plan"]["global_batch"] == 96
-    assert len(rec["epochs"]) == 3 and rec["world_size"] == 3
-    assert rec["plan"]["batches"][0] < rec["plan"]["batches"][2]  # rank 2 emulated 4x faster
-    assert [r["node"] for r in rec["ranks"]] == ["gpu1"] * 3
-    # a new submission with the same job directory and allocation reuses the probe; its
-    # training is done, so it asks for more epochs instead of training again
-    rc, log = sbatch({**env, "HETGRAD_EPOCHS": "4"}, tmp_path,
-                     [*ON_GPU1, ROOT / "slurm/train.sbatch"])
-    assert rc == 0, log[-3000:]
-    assert "reusing" in log and "resuming from" in log, log[-3000:]
-    assert [e["epoch"] for e in json.loads((tmp_path / "job/run.json").read_text())["epochs"]] == [4]
-
-
 def test_train_sbatch_stops_at_the_first_failed_step(slurm, tmp_path):
     env = {**slurm, "HETGRAD_JOB_DIR": str(tmp_path / "job"),
            "HETGRAD_DATA": str(tmp_path / "missing.npz")}
@@ -162,7 +143,7 @@ def test_train_sbatch_stops_at_the_first_failed_step(slurm, tmp_path):
 def test_train_sbatch_runs_a_user_script(slurm, tmp_path):
     env = {**slurm, "HETGRAD_JOB_DIR": str(tmp_path / "job"),
            "HETGRAD_SCRIPT": str(ROOT / "examples/fit_tabular.py"),
-           "HETGRAD_EMULATE_SPEEDS": "1,2,4", "HETGRAD_EMULATE_UNIT": "2e-3"}
+           "HETGRAD_EMULATE_SPEEDS": "1,2,4", "HETGRAD_EMULATE_UNIT": "1e-3"}
     rc, log = sbatch(env, tmp_path, [*ON_GPU1, ROOT / "slurm/train.sbatch", "--epochs", "2",
                                      "--checkpoint-dir", tmp_path / "job/ckpt"])
     assert rc == 0, log[-3000:]
@@ -207,16 +188,18 @@ def wait_for(what, condition, timeout: float = 240):
 
 
 def requeued(env: dict, job: int) -> None:
-    """Wait until ``job`` is back in the queue (a requeued job waits there 31 s on the local
+    """Wait until ``job`` is back in the queue (a requeued job waits there 6 s on the local
     cluster, cred_expire + 1) and then running again."""
     wait_for(f"job {job} pending again", lambda: job_field(env, job, "JobState") == "PENDING")
     wait_for(f"job {job} running again", lambda: job_field(env, job, "JobState") == "RUNNING")
 
 
-def test_requeued_job_ends_with_the_weights_of_an_uninterrupted_one(slurm, tmp_path):
-    """Stopped twice -- SIGUSR1 (what --signal sends before the time limit: checkpoint,
-    exit 75, the script requeues itself) and `scontrol requeue` (SIGTERM mid-epoch) -- the
-    job resumes each time and ends with the same weights as a run nobody stopped."""
+def test_train_sbatch_requeued_resubmitted_and_uninterrupted_agree(slurm, world3, tmp_path):
+    """train.sbatch (probe -> plan -> train, 3 ranks) stopped twice -- SIGUSR1 (what --signal
+    sends before the time limit: checkpoint, exit 75, the script requeues itself) and
+    `scontrol requeue` (SIGTERM mid-epoch) -- resumes each time and ends with the same weights
+    as a run nobody stopped; a new submission with the same job directory then reuses the
+    probe and, its training done, trains only the epochs asked for beyond it."""
     epochs = 8
     job_dir = tmp_path / "requeued"
     env = {**slurm, "HETGRAD_EPOCHS": str(epochs), "HETGRAD_EXTRA": "--emulate-speeds 1,2,4",
@@ -236,19 +219,32 @@ def test_requeued_job_ends_with_the_weights_of_an_uninterrupted_one(slurm, tmp_p
     assert job_field(env, job, "Restarts") == "2"
     assert f"stopped by SIGUSR1 after epoch {stopped_at}/{epochs}" in log, log[-3000:]
     assert "requeueing job" in log and log.count("resuming from") == 2, log[-3000:]
+    assert log.count("reusing") == 2, log[-3000:]   # the requeued runs: the same allocation
     assert saved_epoch(job_dir) == epochs
+    rec = json.loads((job_dir / "run.json").read_text())
+    assert sum(rec["plan"]["batches"]) == rec["plan"]["global_batch"] == 96
+    assert rec["world_size"] == 3 and rec["epochs"][-1]["epoch"] == epochs
+    assert rec["plan"]["batches"][0] < rec["plan"]["batches"][2]  # rank 2 emulated 4x faster
+    assert [r["node"] for r in rec["ranks"]] == ["gpu1"] * 3
 
-    # the same job, nobody stopping it, on the same probe (so the same plan)
-    ref_dir = tmp_path / "uninterrupted"
-    ref_dir.mkdir()
-    for name in ("probe.json", "allocation"):
-        shutil.copy(job_dir / name, ref_dir / name)
-    (tmp_path / "b").mkdir()
-    rc, log = sbatch({**env, "HETGRAD_JOB_DIR": str(ref_dir)}, tmp_path / "b",
-                     [*ON_GPU1, ROOT / "slurm/train.sbatch"])
-    assert rc == 0 and "reusing" in log, log[-3000:]
+    # the same job, nobody stopping it, on the same plan: what train.sbatch runs, in a world
+    # of 3 ranks like the allocation's
+    ref = tmp_path / "uninterrupted"
+    world3.run("training:train", epochs=epochs, emulate_speeds="1,2,4", quiet=True,
+               plan=str(job_dir / "plan.json"), probe_file=str(job_dir / "probe.json"),
+               checkpoint_dir=str(ref), out=str(tmp_path / "uninterrupted.json"))
     with np.load(job_dir / "ckpt/final_weights.npz") as a, \
-            np.load(ref_dir / "ckpt/final_weights.npz") as b:
+            np.load(ref / "final_weights.npz") as b:
         assert a.files == b.files
         for k in a.files:
             np.testing.assert_allclose(a[k], b[k], rtol=0, atol=1e-6)
+
+    # a new submission, same job directory and allocation: reuses the probe, and asks for
+    # more epochs than are done instead of training again
+    (tmp_path / "b").mkdir()
+    rc, log = sbatch({**env, "HETGRAD_EPOCHS": str(epochs + 1)}, tmp_path / "b",
+                     [*ON_GPU1, ROOT / "slurm/train.sbatch"])
+    assert rc == 0, log[-3000:]
+    assert "reusing" in log and "resuming from" in log, log[-3000:]
+    assert [e["epoch"] for e in json.loads((job_dir / "run.json").read_text())["epochs"]] == \
+        [epochs + 1]

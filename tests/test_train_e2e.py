@@ -27,32 +27,25 @@ def test_three_rank_weighted_training_on_digits(tmp_path):
     assert proc.stdout.count("epoch  12/12") == 1, proc.stdout
 
 
-def test_equal_and_uneven_avg_modes_run(tmp_path):
+def test_equal_and_uneven_avg_modes_run(world2, tmp_path):
     for mode in ("equal", "uneven-avg"):
-        out = tmp_path / f"{mode}.json"
-        speeds = [] if mode == "equal" else ["--speeds", "1,3"]  # equal mode plans nothing
-        proc = hetgrad_mpi(2, ["train", "--mode", mode, *speeds, "--epochs", "2",
-                               "--quiet", "--out", str(out)], timeout=300)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        rec = read_json(out)
+        speeds = {} if mode == "equal" else {"speeds": [1, 3]}  # equal mode plans nothing
+        rec = world2.run("training:train", mode=mode, epochs=2, quiet=True,
+                         out=str(tmp_path / f"{mode}.json"), **speeds).root
         expect = [48, 48] if mode == "equal" else [24, 72]
         assert rec["plan"]["batches"] == expect
         assert 0.0 < rec["final_test_accuracy"] <= 1.0
 
 
-def test_steps_per_execution_trains_the_same_model(tmp_path):
+def test_steps_per_execution_trains_the_same_model(world2, tmp_path):
     """--steps-per-execution 4 (15 steps an epoch: calls of 4, 4, 4 and 3, the last step
     partial) gives one step per call's losses and test scores: the same weights."""
-    recs = {}
-    for k in ("1", "4"):
-        out = tmp_path / f"spe{k}.json"
-        proc = hetgrad_mpi(2, ["train", "--speeds", "1,3", "--epochs", "2", "--quiet",
-                               "--steps-per-execution", k, "--out", str(out)], timeout=300)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        recs[k] = read_json(out)
-    assert recs["4"]["config"]["steps_per_execution"] == 4
-    assert recs["4"]["plan"]["steps_per_epoch"] == 15
-    for one, four in zip(recs["1"]["epochs"], recs["4"]["epochs"], strict=True):
+    recs = {k: world2.run("training:train", speeds=[1, 3], epochs=2, quiet=True,
+                          steps_per_execution=k, out=str(tmp_path / f"spe{k}.json")).root
+            for k in (1, 4)}
+    assert recs[4]["config"]["steps_per_execution"] == 4
+    assert recs[4]["plan"]["steps_per_epoch"] == 15
+    for one, four in zip(recs[1]["epochs"], recs[4]["epochs"], strict=True):
         for key in ("loss", "test_loss", "test_accuracy"):
             assert four[key] == pytest.approx(one[key], rel=1e-5, abs=1e-7), key
 

@@ -1,12 +1,8 @@
 """Weighted aggregation on 3 real ranks equals one process on the concatenated batch."""
-from conftest import MPI_DIR, read_json, run_mpi
 
 
-def test_three_ranks_weighted_step_equals_full_batch(tmp_path):
-    out = tmp_path / "diffs.json"
-    proc = run_mpi(3, [str(MPI_DIR / "weighted_step.py"), str(out)])
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    d = read_json(out)
+def test_three_ranks_weighted_step_equals_full_batch(world3):
+    d = world3.run("weighted_step:run").root
     weightings = ["plan", "planobj", "samples", "default"]
     if d["flavour"] != "keras3":
         weightings.append("legacy")  # Keras 2's OptimizerV2 family

@@ -10,7 +10,7 @@ from .. import compat
 from ..emulate import SpeedEmulator, from_env
 from ..errors import HetgradError
 from ..perfmodel import probe_batches
-from ..partition import planner
+from ..planning import planner
 from ..probe import ProbeResult, measure, refine as refine_models, share
 from .data import num_samples, take
 

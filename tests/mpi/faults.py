@@ -1,4 +1,6 @@
-"""Inject one fault on rank 1 while the other ranks wait in a collective.
+"""Inject one fault on rank 1 while the other ranks wait in a collective (of hetgrad's control
+channel, as the start-up checks and the probe's timed gather use it: under mpirun without
+TensorFlow, under horovodrun --gloo on Horovod's world).
 
 Usage: faults.py raise|exit|sleep
 """
@@ -6,10 +8,10 @@ import os
 import sys
 import time
 
-from hetgrad.runtime import fail_fast, init
+from hetgrad.runtime import control, fail_fast
 
 fault = sys.argv[1]
-comm = init()
+comm = control()
 rank = comm.rank
 with fail_fast():
     if rank == 1 and fault == "raise":

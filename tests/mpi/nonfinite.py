@@ -1,6 +1,7 @@
 """Poison rank 1's inputs with NaN in epoch 2 of a real `hetgrad train` run on 3 ranks.
 
-Usage: nonfinite.py OUT.json abort|ignore [dense|sparse]
+The case ``nonfinite:train`` of a test world (tests/world.py), or under mpirun (what abort
+needs: it ends the job): ``nonfinite.py OUT.json abort|ignore [dense|sparse]``.
 """
 import sys
 
@@ -10,8 +11,6 @@ from hetgrad import run, trainer
 from hetgrad.config import TrainConfig
 from hetgrad.runtime import fail_fast
 
-out, policy = sys.argv[1], sys.argv[2]
-sparse = len(sys.argv) > 3 and sys.argv[3] == "sparse"
 clean = run.epoch_batches
 
 
@@ -22,7 +21,17 @@ def poisoned(xy, plan, rank, seed, epoch):
     return ds
 
 
-run.epoch_batches = poisoned
-with fail_fast():
-    trainer.train(TrainConfig(speeds=[1, 2, 1], epochs=3, on_nonfinite=policy, out=out,
-                              sparsify="topk" if sparse else None, quiet=True))
+def train(out: str, policy: str, sparse: bool = False) -> dict:
+    """The poisoned run's record (rank 0; ``{}`` elsewhere)."""
+    run.epoch_batches = poisoned
+    try:
+        return trainer.train(TrainConfig(speeds=[1, 2, 1], epochs=3, on_nonfinite=policy,
+                                         out=out, sparsify="topk" if sparse else None,
+                                         quiet=True))
+    finally:
+        run.epoch_batches = clean
+
+
+if __name__ == "__main__":
+    with fail_fast():
+        train(sys.argv[1], sys.argv[2], len(sys.argv) > 3 and sys.argv[3] == "sparse")

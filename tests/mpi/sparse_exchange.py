@@ -1,6 +1,7 @@
 """The in-graph sparse exchange on real ranks, against the numpy oracle and the dense sum.
 
-Usage: sparse_exchange.py OUT.json
+The case ``sparse_exchange:exchanges`` of a test world (tests/world.py), or under a launcher
+(e.g. ``horovodrun --gloo``): ``sparse_exchange.py OUT.json``, rank 0 writes the results.
 """
 import json
 import sys
@@ -86,7 +87,13 @@ def run(settings: Sparsify, steps: int = 5) -> dict:
                          for t in ids), "log": log[-1], "first_log": log[0]}
 
 
-res = {key: run(Sparsify(**{"density": 0.02, "dense_below": 100, **cfg}))
-       for key, cfg in CONFIGS.items()}
-if rank == 0:
-    json.dump(res, open(sys.argv[1], "w"), indent=2)
+def exchanges() -> dict:
+    """Every config's results, by config name."""
+    return {key: run(Sparsify(**{"density": 0.02, "dense_below": 100, **cfg}))
+            for key, cfg in CONFIGS.items()}
+
+
+if __name__ == "__main__":
+    res = exchanges()
+    if rank == 0:
+        json.dump(res, open(sys.argv[1], "w"), indent=2)
