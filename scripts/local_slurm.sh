@@ -184,15 +184,15 @@ stop() {
   fi
   mapfile -t stepds < <(our_stepds)
   end_pids "${stepds[@]}"
-  local slurmds=() others=()
-  while read -r f name; do   # every slurmd (together), then slurmctld, then munged
+  local slurm=() munge=()
+  while read -r f name; do   # the Slurm daemons together (their jobs are gone), then munged
     pid=$(pid_of "$f" "$name")
     [ -n "$pid" ] || continue
     pids+=("$pid")
-    if [ "$name" = slurmd ]; then slurmds+=("$pid"); else others=("$pid" "${others[@]}"); fi
+    if [ "$name" = munged ]; then munge+=("$pid"); else slurm+=("$pid"); fi
   done < <(daemons)
-  end_pids "${slurmds[@]}"
-  for pid in "${others[@]}"; do end_pids "$pid"; done
+  end_pids "${slurm[@]}"
+  end_pids "${munge[@]}"
   rm -f "$DIR"/run/*.pid
   say "stopped (${#pids[@]} daemons, ${#stepds[@]} job steps)"
 }

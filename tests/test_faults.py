@@ -123,7 +123,7 @@ def _sigusr1_during_the_probe(args: list[str]) -> subprocess.Popen:
     """Run ``hetgrad ARGS`` on 2 ranks (a slow emulated probe), send SIGUSR1 to the launcher
     once rank 0 says the probe has begun (so every rank listens), wait for the end."""
     cmd = mpirun_cmd(2, ["-m", "hetgrad.cli", *args, "--emulate-speeds", "1,1",
-                         "--emulate-unit", "2e-3", "--probe-steps", "10"])
+                         "--emulate-unit", "2e-3", "--probe-steps", "4"])
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     for line in proc.stdout:
