@@ -122,12 +122,29 @@ class DenseReducer(Reducer):
                               name=f"{self.name}.dense{i}") for i, t in enumerate(tensors)]
 
 
+def finite_everywhere(grads: list, name: str) -> tf.Tensor:
+    """Whether every rank's ``grads`` are finite: one scalar allreduce of the count of
+    NaN/Inf entries."""
+    bad = [tf.reduce_sum(tf.cast(tf.logical_not(tf.math.is_finite(g)), tf.float32))
+           for g in grads if g is not None]
+    total = hvd.allreduce(tf.reshape(tf.add_n(bad), [1]), op=hvd.Sum, name=f"{name}.finite")
+    return tf.equal(total[0], 0.0)
+
+
+def new_step_counter() -> tf.Variable:
+    """The passes an aggregation has taken (0 at the start of a run or of a resumed epoch)."""
+    return tf.Variable(0, dtype=tf.int64, trainable=False, name="hetgrad_step")
+
+
 class Aggregation:
     """This rank's side of one weighted exchange: ``weight()`` seeds the backward pass,
     :meth:`exchange` checks, times and reduces the weighted gradients."""
 
-    def __init__(self, weight, reducer: Reducer | None = None, *, check_finite: bool = True):
+    def __init__(self, weight, reducer: Reducer | None = None, *, check_finite: bool = True,
+                 step: tf.Variable | None = None, skip_together: bool = False):
         self.weight = weight
+        self.skip_together = skip_together
+        self.step = step if step is not None else new_step_counter()
         self.reducer = reducer if reducer is not None else DenseReducer()
         self.check = FiniteCheck(getattr(self.reducer, "name", "hetgrad")) \
             if check_finite else None
@@ -137,12 +154,38 @@ class Aggregation:
     def check_finite(self) -> bool:
         return self.check is not None
 
+    def loss_scaled(self) -> "Aggregation":
+        """This aggregation (the same weight, reducer and step count) for an optimizer with a
+        loss scale inside: no finite check of its own (the loss scale skips such steps), and a
+        stateful reducer's exchange skipped together."""
+        if isinstance(self.weight, SampleWeight):
+            self.weight.fused = False   # seeded with w_i <= 1, not n_i (float16 overflow)
+        return Aggregation(self.weight, self.reducer, check_finite=False, step=self.step,
+                           skip_together=self.reducer.check_local)
+
+    def count_step(self) -> None:
+        """One more backward pass taken (every pass, exchanged or accumulated, skipped by a
+        loss scale or not): what a plan's per-step weights read."""
+        self.step.assign_add(1)
+
     def local_weight(self) -> tf.Tensor:
         """What this rank's backward pass is seeded with: ``w_i`` (the weights sum to 1 over
         the ranks), or ``n_i`` for a fused sample weight (divided out after the exchange)."""
         return tf.cast(self.weight(), tf.float32)
 
     def exchange(self, grads: list) -> list:
+        """The exchanged sum of this rank's weighted ``grads`` (``skip_together``: a step with
+        NaN/Inf on any rank gives NaN everywhere, for a loss scale to skip, before a reducer
+        with per-rank state (sparse memory) takes it in)."""
+        if not self.skip_together:
+            return self._exchange(grads)
+        ok = finite_everywhere(grads, getattr(self.reducer, "name", "hetgrad"))
+        present = [g for g in grads if g is not None]
+        out = iter(tf.cond(ok, lambda: [g for g in self._exchange(present)],
+                           lambda: [g * np.float32(np.nan) for g in present]))
+        return [None if g is None else next(out) for g in grads]
+
+    def _exchange(self, grads: list) -> list:
         check_before = self.check is not None and self.reducer.check_local
         if check_before:
             grads = local_check(grads)

@@ -50,6 +50,29 @@ def is_loss_scale_optimizer(optimizer) -> bool:
     return any(c is not None and isinstance(optimizer, c) for c in classes)
 
 
+def mixed_float16() -> bool:
+    """Whether the global dtype policy is ``mixed_float16`` (Keras wraps the optimizer in a
+    ``LossScaleOptimizer`` at ``compile`` then)."""
+    return keras.mixed_precision.global_policy().name == "mixed_float16"
+
+
+def loss_scale_optimizer(inner, like=None):
+    """A dynamic ``LossScaleOptimizer`` around ``inner``, with the settings of ``like`` (another
+    one) if given."""
+    if KERAS3:
+        kw = {} if like is None else dict(initial_scale=like.initial_scale,
+                                          dynamic_growth_steps=like.dynamic_growth_steps)
+        return keras.optimizers.LossScaleOptimizer(inner, **kw)
+    kw = {} if like is None else dict(dynamic=like.dynamic, initial_scale=like.initial_scale,
+                                      dynamic_growth_steps=like.dynamic_growth_steps)
+    return keras.mixed_precision.LossScaleOptimizer(inner, **kw)
+
+
+def inner_optimizer(loss_scale_opt):
+    """The optimizer a ``LossScaleOptimizer`` wraps."""
+    return loss_scale_opt.inner_optimizer
+
+
 def tf_variables(variables) -> list[tf.Variable]:
     """The ``tf.Variable`` behind each Keras variable (Keras 3 wraps them)."""
     if not KERAS3:

@@ -52,7 +52,7 @@ class ProbeResult:
                          [list(p) for p in self.points], self.fit_error, self.scale)
 
 
-Batch = Callable[[int], tuple]  # batch size -> (x, y) of that many samples
+Batch = Callable[[int], tuple]  # batch size -> (x, y) of that many samples (y may be None)
 Planner = Callable[[list[StepModel]], list[int]]  # every rank's model -> every rank's batch
 
 
@@ -68,38 +68,59 @@ def measure(model: keras.Model, batch_of: Batch, *, batches: Sequence[int], warm
             sync: Callable[[], object] | None = None,
             step_sync: Callable[[], object] | None = None,
             on_point: Callable[[int, float], None] | None = None) -> tuple[list, list]:
-    """Median seconds per ``model.train_on_batch`` step at each batch size, on the batches
-    ``batch_of(b)`` gives: ``([[batch, seconds], ...], [step times per batch])``.
+    """Median seconds per training step at each batch size, on the batches ``batch_of(b)``
+    gives: ``([[batch, seconds], ...], [step times per batch])``.
 
-    The model must be compiled; its weights change. ``before_step(n)`` runs inside each timed
-    step (speed emulation). ``sync()`` runs before each size, so that all ranks time the same
-    size together, under the contention training has (not a slow rank's small batches against
-    the fast ranks' large ones). ``step_sync()`` runs before every step (not timed), as
-    training's exchange does: ranks at different batches then overlap as in training.
-    ``on_point(batch, seconds)`` reports each size when done.
+    Each size is one ``model.fit`` of ``warmup + steps`` steps on its batch, timed per step:
+    the train step gets its data as ``fit`` gives it (a custom ``train_step`` that unpacks
+    ``(x, y)`` works). The model must be compiled; its weights change. ``before_step(n)`` runs
+    inside each timed step (speed emulation). ``sync()`` runs before each size, so that all
+    ranks time the same size together, under the contention training has (not a slow rank's
+    small batches against the fast ranks' large ones). ``step_sync()`` runs before every step
+    (not timed), as training's exchange does: ranks at different batches then overlap as in
+    training. ``on_point(batch, seconds)`` reports each size when done.
     """
-    before_step = before_step or (lambda n: None)
+    import tensorflow as tf
     points, all_times = [], []
     for batch in batches:
         x, y = batch_of(batch)
+        data = tf.data.Dataset.from_tensors((x,) if y is None else (x, y)).repeat()
         if sync:
             sync()
-        for _ in range(warmup):  # also traces the step for this shape
-            before_step(batch)
-            model.train_on_batch(x, y)
-        times = []
-        for _ in range(steps):
-            if step_sync:
-                step_sync()
-            t0 = time.perf_counter()
-            before_step(batch)
-            model.train_on_batch(x, y)
-            times.append(time.perf_counter() - t0)
-        points.append([int(batch), statistics.median(times)])
-        all_times.append(times)
+        clock = _step_clock(warmup, lambda: before_step(batch) if before_step else None,
+                            step_sync)
+        model.fit(data, epochs=1, steps_per_epoch=warmup + steps, verbose=0, shuffle=False,
+                  callbacks=[clock])
+        points.append([int(batch), statistics.median(clock.times)])
+        all_times.append(clock.times)
         if on_point:
             on_point(*points[-1])
     return points, all_times
+
+
+def _step_clock(warmup: int, before: Callable[[], object], step_sync):
+    """A Keras callback that times every step after the first ``warmup`` (which also trace
+    the step for this shape): ``before()`` inside the timed interval, ``step_sync()`` (if
+    given) just before it."""
+    from .compat import keras
+
+    class StepClock(keras.callbacks.Callback):
+        times: list[float] = []
+
+        def on_train_begin(self, logs=None):
+            self.times = []
+
+        def on_train_batch_begin(self, batch, logs=None):
+            if batch >= warmup and step_sync:
+                step_sync()
+            self.t0 = time.perf_counter()
+            before()
+
+        def on_train_batch_end(self, batch, logs=None):
+            if batch >= warmup:
+                self.times.append(time.perf_counter() - self.t0)
+
+    return StepClock()
 
 
 def run_probe(comm: Comm, build_model: Callable[[], keras.Model], input_shape, num_classes: int,

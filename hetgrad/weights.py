@@ -24,17 +24,18 @@ class FixedWeight:
 class PlanWeight:
     """Per-step ``w_i`` from a partition plan: ``b_i / B`` in full steps and
     ``last_i / sum_j last_j`` in an epoch's partial final step. Exact, and needs no
-    communication (every rank knows the plan); the step is read from ``iterations``.
+    communication (every rank knows the plan); the step is read from ``step``, the
+    aggregation's count of passes (:meth:`hetgrad.aggregate.Aggregation.count_step`).
     The shares live in variables, so :meth:`update` switches plans without retracing."""
 
     fused = False
 
-    def __init__(self, plan, rank: int, iterations: tf.Variable):
+    def __init__(self, plan, rank: int, step: tf.Variable):
         self.rank = rank
-        self.iterations = iterations
+        self.step = step
         self.full = tf.Variable(0.0, trainable=False, name="hetgrad_full_share")
         self.last = tf.Variable(0.0, trainable=False, name="hetgrad_last_share")
-        self.steps = tf.Variable(1, dtype=iterations.dtype, trainable=False,
+        self.steps = tf.Variable(1, dtype=step.dtype, trainable=False,
                                  name="hetgrad_steps")
         self.update(plan)
 
@@ -45,7 +46,7 @@ class PlanWeight:
         self.steps.assign(plan.steps_per_epoch)
 
     def __call__(self) -> tf.Tensor:
-        final = tf.equal(tf.math.floormod(self.iterations, self.steps), self.steps - 1)
+        final = tf.equal(tf.math.floormod(self.step, self.steps), self.steps - 1)
         return tf.where(final, self.last, self.full)
 
 

@@ -1,11 +1,19 @@
 """What a Horovod user relies on, with real ranks: 3 ranks, uneven batches, every result
 compared with one process on the concatenated batch (tests/mpi/parity.py)."""
+import subprocess
+import sys
+
 import pytest
 
 
 @pytest.fixture(scope="module")
-def parity(world3, tmp_path_factory):
-    return world3.run("parity:run", str(tmp_path_factory.mktemp("parity")), timeout=400).root
+def files(tmp_path_factory):
+    return tmp_path_factory.mktemp("parity")
+
+
+@pytest.fixture(scope="module")
+def parity(world3, files):
+    return world3.run("parity:run", str(files), timeout=400).root
 
 
 def test_ranks_run_the_flavour_of_this_stack(parity):
@@ -43,6 +51,21 @@ def test_saved_model_loads_with_an_aggregating_optimizer(parity):
     for fmt in formats:
         assert parity[f"load_{fmt}_is_hetgrad"], fmt
         assert parity[f"load_{fmt}"] < 1e-6, fmt
+
+
+def test_saved_model_loads_in_a_python_without_hetgrad(parity, files):
+    """Inference and serving never import hetgrad: the optimizer is saved under its own
+    class (as Horovod keeps the class name), with its state."""
+    formats = ["keras"] + ([] if parity["flavour"] == "keras3" else ["h5"])
+    code = ("import sys, tensorflow as tf\n"
+            "m = tf.keras.models.load_model(sys.argv[1])\n"
+            "print(type(m.optimizer).__name__, int(m.optimizer.iterations.numpy()),\n"
+            "      any(name.startswith('hetgrad') for name in sys.modules))\n")
+    for fmt in formats:
+        out = subprocess.run([sys.executable, "-c", code, str(files / f"model.{fmt}")],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert out.stdout.split() == ["SGD", "1", "False"], (fmt, out.stdout)
 
 
 def test_custom_train_step_is_weighted_and_exchanged(parity):

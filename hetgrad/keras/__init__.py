@@ -49,20 +49,28 @@ WeightedMetricAverageCallback = callbacks.MetricAverageCallback
 
 def load_model(filepath, *, custom_objects: dict | None = None, compile: bool = True,
                **optimizer_args):
-    """``keras.models.load_model`` for a model saved with a hetgrad optimizer: the optimizer
-    comes back wrapped again (``optimizer_args`` as for :func:`DistributedOptimizer`)."""
+    """``keras.models.load_model``, then the model's optimizer wrapped in
+    :func:`DistributedOptimizer` (``optimizer_args`` as there) with its saved state (slots,
+    iterations, loss scale): it trains on with hetgrad's weights. Models saved with a hetgrad
+    optimizer name the optimizer's own class, so plain Keras loads them too."""
     objects = dict(custom_objects or {})
-    for name in dir(compat.keras.optimizers):
+    for name in dir(compat.keras.optimizers):   # files saved by hetgrad before 2026-12-05
         base = getattr(compat.keras.optimizers, name)
         if isinstance(base, type) and issubclass(base, compat.keras.optimizers.Optimizer):
-            objects.setdefault(f"HetgradDistributed{base.__name__}",
-                               _rewrapping(base, optimizer_args))
-    return compat.keras.models.load_model(filepath, custom_objects=objects, compile=compile)
+            objects.setdefault(f"HetgradDistributed{base.__name__}", base)
+    model = compat.keras.models.load_model(filepath, custom_objects=objects, compile=compile)
+    if compile and getattr(model, "optimizer", None) is not None:
+        _rewrap(model, optimizer_args)
+    return model
 
 
-def _rewrapping(base: type, optimizer_args: dict) -> type:
-    """A class whose ``from_config`` builds ``base`` from a saved config and wraps it."""
-    def from_config(cls, config, custom_objects=None):
-        return DistributedOptimizer(base.from_config(config), **optimizer_args)
-    return type(f"HetgradDistributed{base.__name__}", (base,),
-                {"from_config": classmethod(from_config)})
+def _rewrap(model, optimizer_args: dict) -> None:
+    """Compile ``model`` again with its optimizer wrapped by hetgrad, state carried over."""
+    saved = model.optimizer
+    compat.build_optimizer(saved, model.trainable_variables)
+    wrapped = DistributedOptimizer(saved, **optimizer_args)
+    compat.build_optimizer(wrapped, model.trainable_variables)
+    for mine, theirs in zip(compat.optimizer_variables(wrapped),
+                            compat.optimizer_variables(saved), strict=True):
+        mine.assign(theirs)
+    compat.recompile(model, wrapped)

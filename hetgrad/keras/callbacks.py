@@ -11,15 +11,18 @@ import tensorflow as tf
 
 from .. import compat
 from .counting import count_samples, epoch_samples
+from .loss_scale import hetgrad_outermost
 
 keras = compat.keras
 
 
 class _Counting(keras.callbacks.Callback):
-    """Installs :func:`hetgrad.keras.count_samples` on the model it is given."""
+    """Installs :func:`hetgrad.keras.count_samples` on the model it is given, and puts a
+    ``LossScaleOptimizer`` wrapped around hetgrad's inside it (:mod:`.loss_scale`)."""
 
     def set_model(self, model):
         super().set_model(model)
+        hetgrad_outermost(model)
         count_samples(model)
 
 
@@ -133,6 +136,27 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
         if epoch == self.end_epoch - 1 and self.verbose and hvd.rank() == 0:
             print(f"Epoch {epoch + 1}: finished gradual learning rate warmup to "
                   f"{compat.learning_rate(self.model.optimizer):g}.", flush=True)
+
+
+FILE_WRITERS = tuple(getattr(keras.callbacks, name) for name in
+                     ("ModelCheckpoint", "BackupAndRestore", "CSVLogger", "TensorBoard")
+                     if hasattr(keras.callbacks, name))
+
+
+def rank_zero_only(callback):
+    """Mark ``callback`` to run on rank 0 only in :func:`hetgrad.keras.fit` (as Keras' file
+    writers do there: ModelCheckpoint, BackupAndRestore, CSVLogger, TensorBoard); returns it."""
+    callback._hetgrad_rank_zero_only = True
+    return callback
+
+
+def on_this_rank(callbacks, rank: int) -> list:
+    """The ``callbacks`` that run on ``rank``: all on rank 0; elsewhere all but those that
+    write files (every rank would write the same path) or are marked
+    :func:`rank_zero_only`. The others (early stopping, learning-rate schedules) see the
+    metrics averaged over the ranks, so they decide alike everywhere."""
+    return [cb for cb in callbacks if rank == 0 or not (
+        isinstance(cb, FILE_WRITERS) or getattr(cb, "_hetgrad_rank_zero_only", False))]
 
 
 class DensityWarmup(keras.callbacks.Callback):

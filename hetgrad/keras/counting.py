@@ -5,6 +5,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from ..aggregate import SampleWeight
+from .optimizer import aggregation_in
 
 
 class _EpochSamples:
@@ -31,7 +32,7 @@ def count_samples(model) -> None:
     inner = model.train_step
 
     def train_step(data):  # runs when Keras traces the step: reads the optimizer of then
-        weight = getattr(getattr(model.optimizer, "hetgrad", None), "weight", None)
+        weight = getattr(aggregation_in(model.optimizer), "weight", None)
         x = data[0] if isinstance(data, (tuple, list)) else data
         n = tf.shape(next(t for t in tf.nest.flatten(x) if t is not None))[0]
         if isinstance(weight, SampleWeight):

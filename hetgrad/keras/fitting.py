@@ -4,6 +4,7 @@ checkpoint/resume -- on the same epoch loop and actions as ``hetgrad train``
 (:mod:`hetgrad.loop`, :mod:`hetgrad.actions`)."""
 from __future__ import annotations
 
+import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -24,7 +25,9 @@ from ..sparse.reducer import SparseReducer
 from .counting import count_samples
 from .data import num_samples, on_cpu
 from .optimizer import DistributedOptimizer, set_plan
+from .loss_scale import hetgrad_outermost
 from .probing import probe
+from .user_callbacks import UserCallbacks, from_backup
 
 keras = compat.keras
 
@@ -73,6 +76,8 @@ def fit(model, x, y=None, *, global_batch: int, epochs: int, validation_data=Non
                            "hk.shard(ds, plan=...) with model.fit", field="x")
     if not compat.is_compiled(model):
         raise HetgradError("compile the model (optimizer and loss) before hk.fit", field="model")
+    callbacks, checkpoint_dir, resume, drop_backup = from_backup(callbacks, checkpoint_dir,
+                                                                 resume)
     n = num_samples(x, y)
     make_plan([1.0] * comm.size, global_batch, n, min_batch=min_batch, max_batch=max_batch)
     env = from_env(comm.size)   # (the line above checks the plan's arguments before any work)
@@ -98,11 +103,13 @@ def fit(model, x, y=None, *, global_batch: int, epochs: int, validation_data=Non
         print(f"hetgrad: plan batches {plan.batches} (B={plan.global_batch}), "
               f"{plan.steps_per_epoch} steps/epoch", flush=True)
     history = keras.callbacks.History()
-    users = UserCallbacks([history, *callbacks, *_progress(verbose, comm.rank)], epochs)
+    users = UserCallbacks(history, callbacks, epochs, verbose, comm.rank)
     rebalancer = Rebalancer(comm, models=[p.model() for p in perf] or None,
                             threshold=rebalance_threshold if rebalance else None,
                             min_batch=min_batch, max_batch=max_batch)
     run_epochs(run, _actions(run, emulation, Balance(rebalancer, verbose > 0), users))
+    if drop_backup and comm.rank == 0:   # a finished run's backup goes, as Keras' does
+        shutil.rmtree(checkpoint_dir, ignore_errors=True)
     model.history = history
     return history
 
@@ -152,7 +159,9 @@ def _check_plan(plan: Plan, size: int, n: int, global_batch: int) -> None:
 
 def _weighted(model, plan: Plan, rank: int, sparsify=None):
     """The model recompiled with a hetgrad optimizer following ``plan`` (the compiled one
-    wrapped, or kept if it already is one); returns that optimizer."""
+    wrapped, or kept if it already is one, a loss scale put inside it); returns that
+    optimizer."""
+    hetgrad_outermost(model)
     opt = model.optimizer
     agg = getattr(opt, "hetgrad", None)
     if agg is not None and sparsify is not None:
@@ -165,75 +174,3 @@ def _weighted(model, plan: Plan, rank: int, sparsify=None):
         set_plan(opt, plan)
         count_samples(model)    # for weight="samples"; harmless for the plan's weights
     return opt
-
-
-def _progress(verbose: int, rank: int) -> list:
-    """Keras's progress bar (``verbose`` 1) or epoch lines (2), on rank 0 only."""
-    if not verbose or rank != 0:
-        return []
-    bar = keras.callbacks.ProgbarLogger()
-    bar.hetgrad_verbose = verbose
-    return [bar]
-
-
-class UserCallbacks(Action):
-    """The user's Keras callbacks, shown the loop's per-epoch ``model.fit`` calls as one."""
-
-    def __init__(self, callbacks: Sequence, epochs: int):
-        self.adapter = OneFit(callbacks, epochs)
-
-    def callbacks(self, job):
-        return [self.adapter]
-
-    def on_train_end(self, job):
-        self.adapter.finish()
-
-
-class OneFit(keras.callbacks.Callback):
-    """Keras callbacks that see many ``model.fit`` calls of one epoch each as one ``fit``:
-    ``on_train_begin`` once, ``on_train_end`` at :meth:`finish`, ``params["epochs"]`` the
-    run's epochs. The loop adds it after the metric average: they see metrics over all ranks."""
-
-    def __init__(self, callbacks: Sequence, epochs: int):
-        super().__init__()
-        self.inner, self.total = list(callbacks), epochs
-        self.started, self.last_logs = False, None
-
-    def set_model(self, model):
-        super().set_model(model)
-        for cb in self.inner:
-            cb.set_model(model)
-
-    def set_params(self, params):
-        super().set_params(params)
-        for cb in self.inner:
-            verbose = getattr(cb, "hetgrad_verbose", params.get("verbose"))
-            cb.set_params({**params, "epochs": self.total, "verbose": verbose})
-
-    def on_train_begin(self, logs=None):
-        if not self.started:
-            self.started = True
-            self._call("on_train_begin", logs)
-
-    def on_train_end(self, logs=None):
-        self.last_logs = logs
-
-    def finish(self) -> None:
-        if self.started:
-            self._call("on_train_end", self.last_logs)
-
-    def _call(self, hook: str, *args) -> None:
-        for cb in self.inner:
-            getattr(cb, hook)(*args)
-
-
-def _forward(hook: str):
-    def method(self, *args, **kwargs):
-        self._call(hook, *args)
-    method.__name__ = hook
-    return method
-
-
-for _hook in ("on_epoch_begin", "on_epoch_end", "on_train_batch_begin", "on_train_batch_end",
-              "on_test_begin", "on_test_end", "on_test_batch_begin", "on_test_batch_end"):
-    setattr(OneFit, _hook, _forward(_hook))

@@ -13,6 +13,7 @@ from ..perfmodel import probe_batches
 from ..planning import planner
 from ..probe import ProbeResult, measure, refine as refine_models, share
 from .data import num_samples, take
+from .loss_scale import hetgrad_outermost
 
 
 def probe(model, x, y=None, *, global_batch: int | None = None,
@@ -53,7 +54,10 @@ def probe(model, x, y=None, *, global_batch: int | None = None,
                        sync=lambda: comm.gather_with_timeout(None, timeout),
                        step_sync=comm.exchange_barrier if lockstep else None)
 
-    with _restored(model), compat.one_step_per_call(model):
+    if not model.built:   # a subclassed model: its variables exist once it is called
+        model(take(x, 1))
+    hetgrad_outermost(model)   # (a loss scale around hetgrad's optimizer goes inside)
+    with _restored(model), _local_optimizer(model), compat.one_step_per_call(model):
         results = share(comm, *time_at(sizes), device or _device(), timeout)
         if global_batch and refine:
             caps = comm.gather_with_timeout(max_batch or global_batch, timeout)
@@ -63,7 +67,8 @@ def probe(model, x, y=None, *, global_batch: int | None = None,
 
 
 class _restored:
-    """Put the model's variables, its optimizer's variables and its metrics back on exit."""
+    """Put the model's variables, its optimizer's variables, its metrics and its last
+    ``fit``'s history back on exit."""
 
     def __init__(self, model):
         self.model = model
@@ -73,11 +78,34 @@ class _restored:
         compat.build_optimizer(opt, self.model.trainable_variables)
         self.variables = list(self.model.variables) + compat.optimizer_variables(opt)
         self.values = [np.array(v.numpy(), copy=True) for v in self.variables]
+        self.history = getattr(self.model, "history", None)
 
     def __exit__(self, *exc):
         for var, value in zip(self.variables, self.values):
             var.assign(value)
         self.model.reset_metrics()
+        self.model.history = self.history
+        return False
+
+
+class _local_optimizer:
+    """Within: a model compiled with hetgrad's optimizer is compiled with a copy of the
+    optimizer it wraps (a probe step is this rank's compute alone: an exchange would make
+    every rank wait for the slowest), and with hetgrad's again on exit."""
+
+    def __init__(self, model):
+        self.model = model
+        self.saved = None
+
+    def __enter__(self):
+        opt = self.model.optimizer
+        if getattr(opt, "hetgrad", None) is not None:
+            self.saved = opt
+            compat.recompile(self.model, opt._hetgrad_base.from_config(opt.get_config()))
+
+    def __exit__(self, *exc):
+        if self.saved is not None:
+            compat.recompile(self.model, self.saved)
         return False
 
 
