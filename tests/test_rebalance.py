@@ -65,7 +65,7 @@ def test_imbalance_and_bad_threshold():
 def slowdown_runs(world3, tmp_path_factory):
     """Rank 1 becomes 4x slower from epoch index 2; 4 epochs, static vs --rebalance."""
     d = tmp_path_factory.mktemp("rebalance")
-    common = dict(speeds=[1, 1, 1], emulate_speeds="1,1,1;2:1,0.25,1", emulate_unit=2e-3,
+    common = dict(speeds=[1, 1, 1], emulate_speeds="1,1,1;2:1,0.25,1", emulate_unit=1e-3,
                   epochs=4, quiet=True)
     runs = {}
     for name, extra in (("static", {}),
