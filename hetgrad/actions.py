@@ -8,12 +8,13 @@ runs every action (collectives inside them stay matched); printing is rank 0's.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 from .compat import keras
 from .emulate import SpeedEmulator, speed_at
-from .keras.callbacks import DensityWarmup
-from .keras.optimizer import set_plan
+from ._keras.callbacks import DensityWarmup
+from ._keras.optimizer import set_plan
+from ._keras.user_callbacks import OneFit
 from .pipeline import batch_size_at
 
 if TYPE_CHECKING:
@@ -169,3 +170,17 @@ class Watchdog(Action):
     def on_train_end(self, job: "Job") -> None:
         if self.dog is not None:
             self.dog.close()
+
+
+class UserCallbacks(Action):
+    """The user's Keras callbacks (those that run on this rank), shown the loop's per-epoch
+    ``model.fit`` calls as one (:class:`hetgrad._keras.user_callbacks.OneFit`)."""
+
+    def __init__(self, callbacks: Sequence, epochs: int):
+        self.adapter = OneFit(callbacks, epochs)
+
+    def callbacks(self, job):
+        return [self.adapter]
+
+    def on_train_end(self, job):
+        self.adapter.finish()

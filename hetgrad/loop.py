@@ -12,7 +12,7 @@ from . import preempt
 from .compat import keras
 from .errors import NonFiniteGradientError
 from .aggregate import NONFINITE
-from .keras import callbacks as hk_callbacks
+from ._keras import callbacks as hk_callbacks
 
 if TYPE_CHECKING:
     from .actions import Action

@@ -17,7 +17,8 @@ from .checkpoint import Checkpointer
 from .compat import keras
 from .config import TrainConfig
 from .emulate import parse_schedule
-from .keras import DistributedOptimizer, count_samples
+from ._keras.counting import count_samples
+from ._keras.optimizer import DistributedOptimizer
 from .loop import run_epochs
 from .partition import Plan
 from .planning import choose_plan, planner, probe_sizes

@@ -32,43 +32,108 @@ def test_modules_and_functions_are_small():
     assert not long_functions
 
 
-def _imports(name: str, tree: ast.Module) -> set[str]:
-    """hetgrad modules that ``name`` imports at module level (not under TYPE_CHECKING)."""
+def _under_type_checking(tree: ast.Module) -> set[int]:
+    """ids of the import nodes inside ``if TYPE_CHECKING:`` blocks (never run)."""
+    skipped = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skipped |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+    return skipped
+
+
+def _targets(name: str, node) -> set[str]:
+    """The hetgrad modules (``MODULES`` names) that one import node of module ``name``
+    imports; other packages as their top-level name prefixed with ``ext:``."""
     is_pkg = (PKG / name.replace(".", "/") / "__init__.py").exists()
     here = name.split(".") if is_pkg else name.split(".")[:-1]
+    if name == "hetgrad":
+        here = []
+    if isinstance(node, ast.Import):
+        full = [a.name for a in node.names]
+    elif node.level == 0:
+        full = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+    else:
+        base = ".".join(here[:len(here) - (node.level - 1)])
+        mod = ".".join(p for p in (base, node.module or "") if p)
+        full = [f"hetgrad.{mod}" if mod else "hetgrad"] + \
+            [f"hetgrad.{mod}.{a.name}" if mod else f"hetgrad.{a.name}" for a in node.names]
     out = set()
-    for node in tree.body:
-        if not isinstance(node, ast.ImportFrom) or node.level == 0:
-            continue
-        base = here[:len(here) - (node.level - 1)]
-        if node.module:
-            target = ".".join([*base, *node.module.split(".")])
-            out.add(target if target in MODULES else target.rsplit(".", 1)[0])
-        for alias in node.names:
-            full = ".".join([*base, *([node.module] if node.module else []), alias.name])
-            if full in MODULES:
-                out.add(full)
-    return out - {name}
+    for f in full:
+        if f == "hetgrad" or f.startswith("hetgrad."):
+            rel = f[len("hetgrad."):] if f != "hetgrad" else "hetgrad"
+            while rel not in MODULES and "." in rel:
+                rel = rel.rsplit(".", 1)[0]
+            if rel in MODULES:
+                out.add(rel)
+        else:
+            out.add("ext:" + f.split(".")[0])
+    return out
 
 
-def test_no_import_cycle():
-    graph = {name: _imports(name, tree) for name, tree in MODULES.items()}
-    assert graph["trainer"] >= {"loop", "actions", "record", "keras"}  # the parser sees imports
-    assert graph["keras"] >= {"keras.callbacks", "keras.optimizer", "compat", "aggregate"}
-    assert graph["keras.optimizer"] >= {"compat", "aggregate"}
+def imports(name: str, tree: ast.Module, *, module_level: bool) -> set[str]:
+    """What module ``name`` imports: every import it can run (in functions too), or only
+    those run when it is imported; never those under ``TYPE_CHECKING``."""
+    skipped = _under_type_checking(tree)
+    nodes = tree.body if module_level else ast.walk(tree)
+    found = set()
+    for node in nodes:
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in skipped:
+            found |= _targets(name, node)
+    return found - {name}
+
+
+RUNTIME = {name: {t for t in imports(name, tree, module_level=False) if not t.startswith("ext:")}
+           for name, tree in MODULES.items()}
+AT_IMPORT = {name: imports(name, tree, module_level=True) for name, tree in MODULES.items()}
+
+
+def test_no_import_cycle_not_even_through_deferred_imports():
+    graph = RUNTIME
+    assert graph["trainer"] >= {"loop", "actions", "record"}   # the parser sees imports
+    assert graph["keras"] >= {"keras.callbacks", "_keras.optimizer", "aggregate"}
+    assert graph["_keras.optimizer"] >= {"compat", "aggregate"}
+    assert "compat" in graph["checkpoint"]                     # a deferred one
     state: dict[str, str] = {}
 
     def visit(node, path):
         state[node] = "open"
-        for nxt in graph.get(node, ()):
+        for nxt in sorted(graph.get(node, ())):
             assert state.get(nxt) != "open", " -> ".join([*path, node, nxt])
             if nxt not in state:
                 visit(nxt, [*path, node])
         state[node] = "done"
 
-    for name in graph:
+    for name in sorted(graph):
         if name not in state:
             visit(name, [])
+
+
+def test_only_the_public_keras_package_imports_itself():
+    """hetgrad's own modules use the implementation (``hetgrad._keras``), never the public
+    ``hetgrad.keras`` (Horovod keeps its implementation in ``horovod/_keras`` the same way)."""
+    public = {n for n in MODULES if n == "keras" or n.startswith("keras.")}
+    users = {n for n, deps in RUNTIME.items() if deps & public and n not in public}
+    assert not users
+
+
+# what the start-up checks run: importing them must not load TensorFlow, so a bad flag or
+# file is refused in about a second (tests/test_bad_inputs.py checks the same by running them)
+CHECKS = ("cli", "config", "validate", "planning", "partition", "perfmodel", "checkpoint",
+          "runtime", "launcher", "comm", "io", "errors", "emulate", "probe", "data")
+HEAVY = {"ext:tensorflow", "ext:horovod", "ext:keras", "ext:tf_keras"}
+
+
+def test_the_start_up_checks_import_no_tensorflow():
+    def closure(name, seen):
+        for dep in AT_IMPORT.get(name, ()):
+            if dep not in seen:
+                seen.add(dep)
+                if not dep.startswith("ext:"):
+                    closure(dep, seen)
+        return seen
+
+    loads = {name: sorted(closure(name, set()) & HEAVY) for name in CHECKS}
+    assert not {name: heavy for name, heavy in loads.items() if heavy}
 
 
 def test_train_options_are_the_config_fields():

@@ -12,7 +12,12 @@ from typing import Any, Sequence
 import tensorflow as tf
 
 from .. import compat
-from ..actions import Action, Balance, Checkpointing, Emulation, Sparse
+from .._keras.counting import count_samples
+from .._keras.data import num_samples, on_cpu
+from .._keras.optimizer import DistributedOptimizer, hetgrad_outermost, set_plan
+from .._keras.probing import probe
+from .._keras.user_callbacks import from_backup, on_this_rank_with_progress
+from ..actions import Action, Balance, Checkpointing, Emulation, Sparse, UserCallbacks
 from ..checkpoint import Checkpointer, read_state
 from ..emulate import from_env
 from ..errors import HetgradError
@@ -22,12 +27,6 @@ from ..probe import ProbeResult
 from ..rebalance import Rebalancer
 from ..run import Run
 from ..sparse.reducer import SparseReducer
-from .counting import count_samples
-from .data import num_samples, on_cpu
-from .optimizer import DistributedOptimizer, set_plan
-from .loss_scale import hetgrad_outermost
-from .probing import probe
-from .user_callbacks import UserCallbacks, from_backup
 
 keras = compat.keras
 
@@ -103,7 +102,8 @@ def fit(model, x, y=None, *, global_batch: int, epochs: int, validation_data=Non
         print(f"hetgrad: plan batches {plan.batches} (B={plan.global_batch}), "
               f"{plan.steps_per_epoch} steps/epoch", flush=True)
     history = keras.callbacks.History()
-    users = UserCallbacks(history, callbacks, epochs, verbose, comm.rank)
+    users = UserCallbacks(on_this_rank_with_progress(history, callbacks, verbose, comm.rank),
+                          epochs)
     rebalancer = Rebalancer(comm, models=[p.model() for p in perf] or None,
                             threshold=rebalance_threshold if rebalance else None,
                             min_batch=min_batch, max_batch=max_batch)

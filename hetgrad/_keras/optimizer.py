@@ -151,3 +151,33 @@ def set_plan(optimizer, plan) -> None:
         weight.update(plan)
     elif isinstance(weight, FixedWeight):
         raise ValueError("a fixed float weight cannot follow a new plan; use weight='plan'")
+
+
+def hetgrad_outermost(model) -> bool:
+    """If ``model``'s optimizer is a ``LossScaleOptimizer`` around a hetgrad optimizer, compile
+    the model again with hetgrad's around a new ``LossScaleOptimizer`` of the same settings;
+    whether it did. An optimizer that has taken steps cannot be rearranged (its state would
+    be lost): that is an error naming the fix."""
+    outer = getattr(model, "optimizer", None)
+    if not compat.is_loss_scale_optimizer(outer):
+        return False
+    inner = compat.inner_optimizer(outer)
+    if getattr(inner, "hetgrad", None) is None:
+        return False
+    if compat.optimizer_variables(outer) and int(outer.iterations.numpy()) > 0:
+        raise ValueError(
+            "a LossScaleOptimizer wraps hetgrad's DistributedOptimizer and has taken steps: a "
+            "rank whose step overflows would skip the exchange the others wait in. Wrap the "
+            "other way round: hk.DistributedOptimizer(LossScaleOptimizer(opt)), or make hetgrad's "
+            "optimizer after setting the mixed_float16 policy")
+    if compat.is_loss_scale_optimizer(inner):   # hetgrad's has a loss scale already
+        compat.recompile(model, inner)
+        return True
+    base = inner._hetgrad_base.from_config(inner.get_config())
+    hetgrad = DistributedOptimizer(compat.loss_scale_optimizer(base, like=outer),
+                                   **inner._hetgrad_args)
+    hetgrad.hetgrad = inner.hetgrad.loss_scaled()   # the same weight, exchange and steps
+    compat.recompile(model, hetgrad)
+    if model.built:   # (Keras builds the optimizer before the step is traced)
+        compat.build_optimizer(hetgrad, model.trainable_variables)
+    return True

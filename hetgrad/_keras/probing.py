@@ -13,7 +13,7 @@ from ..perfmodel import probe_batches
 from ..planning import planner
 from ..probe import ProbeResult, measure, refine as refine_models, share
 from .data import num_samples, take
-from .loss_scale import hetgrad_outermost
+from .optimizer import hetgrad_outermost
 
 
 def probe(model, x, y=None, *, global_batch: int | None = None,
