@@ -1,9 +1,11 @@
-"""What a training job does around its epochs, each an :class:`Action` with one small
-interface (orbit-style: the loop in :func:`hetgrad.trainer.run_epochs` knows none of them).
+"""What a training run does around its epochs, each an :class:`Action` with one small
+interface (orbit-style: the loop in :func:`hetgrad.loop.run_epochs` knows none of them;
+:mod:`hetgrad.assembly` makes them, in one order).
 
 An action may add Keras callbacks to every epoch's ``model.fit`` (per-step work) and acts at
-epoch boundaries on the :class:`~hetgrad.trainer.Job` and the epoch's record row. Every rank
-runs every action (collectives inside them stay matched); printing is rank 0's.
+epoch boundaries on the :class:`~hetgrad.run.Run` (its ``progress``) and the epoch's record
+row. Every rank runs every action (collectives inside them stay matched); printing is rank
+0's.
 """
 from __future__ import annotations
 
@@ -15,9 +17,10 @@ from .emulate import SpeedEmulator, speed_at
 from ._keras.callbacks import DensityWarmup
 from ._keras.optimizer import set_plan
 from ._keras.user_callbacks import OneFit
-from .pipeline import batch_size_at
+from .data.order import step_span
 
 if TYPE_CHECKING:
+    from .data.sources import Source
     from .run import Run as Job
 
 
@@ -50,7 +53,7 @@ class Emulation(Action):
         return cls(schedule, SpeedEmulator(schedule[0][rank], unit_s))
 
     def callbacks(self, job):
-        return [self.emulator.callback(lambda step: batch_size_at(job.plan, job.rank, step))]
+        return [self.emulator.callback(lambda step: step_span(job.plan, job.rank, step)[1])]
 
     def on_epoch_begin(self, job, epoch):
         self.emulator.set_speed(speed_at(self.schedule, epoch, job.rank))
@@ -59,21 +62,25 @@ class Emulation(Action):
 class Evaluation(Action):
     """Rank 0 scores the whole test set after every epoch and prints a progress line."""
 
-    def __init__(self, test, verbose: bool):
+    def __init__(self, test: "Source", verbose: bool):
         self.test, self.verbose = test, verbose
+        self.batches = None
 
     def on_epoch_end(self, job, epoch, row):
         if job.rank != 0:
             return
+        if self.batches is None:
+            from .data.reader import in_order
+            self.batches = in_order(self.test, 512)
         t0 = time.perf_counter()
-        test_loss, test_acc = job.model.evaluate(self.test, verbose=0)
+        test_loss, test_acc = job.model.evaluate(self.batches, verbose=0)
         plan = job.plan
         row.update(test_loss=float(test_loss), test_accuracy=float(test_acc),
                    eval_time_s=time.perf_counter() - t0,
                    samples_per_s=(plan.dataset_size - plan.dropped) / row["time_s"],
                    batches=list(plan.batches))
         if self.verbose:
-            print(f"epoch {epoch + 1:3d}/{job.num_epochs}  loss {row['loss']:.4f}  "
+            print(f"epoch {epoch + 1:3d}/{job.spec.epochs}  loss {row['loss']:.4f}  "
                   f"acc {row['accuracy']:.4f}  test_acc {test_acc:.4f}  "
                   f"{row['time_s']:.2f}s  {row['samples_per_s']:.0f} samples/s", flush=True)
 
@@ -100,28 +107,25 @@ class Balance(Action):
             print(f"hetgrad: rebalance after epoch {epoch + 1}: busy "
                   f"{[round(b, 2) for b in e.busy_s]} s, predicted {100 * e.predicted_gain:.0f}% "
                   f"faster epochs, batches {job.plan.batches} -> {new.batches}", flush=True)
-        job.plan = new
+        job.progress.plan = new
         set_plan(job.optimizer, new)
 
 
 class Sparse(Action):
     """The sparse exchange's density for each epoch (DGC's warm-up) and its per-step
-    statistics (k, |U|, bytes), tagged with epoch and step, into ``job.sparse_steps``."""
-
-    def __init__(self, reducer):
-        self.reducer = reducer
+    statistics (k, |U|, bytes), tagged with epoch and step, into the progress'
+    ``sparse_steps``."""
 
     def callbacks(self, job):
         return [DensityWarmup()]
 
     def on_epoch_end(self, job, epoch, row):
-        steps = self.reducer.take_log()
-        row["density"] = self.reducer.density
+        steps = job.reducer.take_log()
+        row["density"] = job.reducer.density
         if steps:
             row["buildup"] = sum(s["buildup"] for s in steps) / len(steps)
-        if hasattr(job, "sparse_steps"):
-            job.sparse_steps += [{"epoch": epoch + 1, "step": i, **s}
-                                 for i, s in enumerate(steps)]
+        job.progress.sparse_steps += [{"epoch": epoch + 1, "step": i, **s}
+                                      for i, s in enumerate(steps)]
 
 
 class Checkpointing(Action):
@@ -133,17 +137,15 @@ class Checkpointing(Action):
         self.checkpointer = checkpointer
 
     def on_epoch_end(self, job, epoch, row):
-        last = epoch + 1 == job.num_epochs or job.stop_requested
+        last = epoch + 1 == job.spec.epochs or job.progress.stop_requested
         if not self.checkpointer.due(epoch + 1, last):
             return
-        per_rank = None
-        if job.reducer is not None:
-            states = job.comm.gather(job.reducer.state_dict(), root=0)
-            per_rank = states if job.rank == 0 and any(states) else None
+        states = job.comm.gather(job.reducer.state_dict(), root=0)
+        per_rank = states if job.rank == 0 and any(states) else None
         self.checkpointer.save(epoch + 1, per_rank, plan=job.plan.to_dict())
 
     def on_train_end(self, job):
-        if not job.stop_requested:
+        if not job.progress.stop_requested:
             self.checkpointer.save_final_weights()
 
 

@@ -112,9 +112,10 @@ class Checkpointer:
             return
         write_npz(self.dir / "final_weights.npz", *self.model.get_weights())
 
-    def restore(self, state: dict) -> None:
-        """Load model and optimizer (slots included) of ``state`` on this rank, and this
-        rank's exchange state (sparse memory) where the optimizer's reducer keeps one."""
+    def restore(self, state: dict, rank_state: bool = True) -> None:
+        """Load model and optimizer (slots included) of ``state`` on this rank, and (with
+        ``rank_state``: the same world size) this rank's exchange state (sparse memory) where
+        the optimizer's reducer keeps one."""
         from .compat import build_optimizer
         build_optimizer(self.optimizer, self.model.trainable_variables)
         path = self.dir / state["checkpoint"] / "ckpt"
@@ -123,7 +124,7 @@ class Checkpointer:
         except (tf_errors() + (AssertionError, ValueError)) as exc:
             raise InputFileError(f"cannot restore {path}: {exc}", field="resume") from None
         reducer = getattr(getattr(self.optimizer, "hetgrad", None), "reducer", None)
-        if reducer is not None:
+        if reducer is not None and rank_state:
             reducer.build([v.shape for v in self.model.trainable_variables])
             if reducer.state_dict():
                 reducer.load_state_dict(self.rank_state(state))

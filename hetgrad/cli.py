@@ -92,17 +92,15 @@ def main(verbose: bool) -> None:
 def probe(**values):
     """Measure every rank's step time at several batch sizes and fit its model (under mpirun)."""
     def body():
-        from .validate import check_model, checked_probe
+        from .validate import checked_probe
         cfg = TrainConfig(**parse_settings(values))
-        data = checked_probe(cfg).data       # every check that needs no TensorFlow
+        checked = checked_probe(cfg)       # every check that needs no TensorFlow
         from . import preempt, probe as probe_mod
-        from .runtime import agree, configure_tf, init
-        from .trainer import emulation_of, measure_ranks
-        comm = init()
-        device = agree(comm, lambda: configure_tf(cfg.threads, cfg.device))
-        agree(comm, lambda: check_model(cfg))
+        from .runtime import init
+        from .trainer import probe_ranks
         with preempt.listening():
-            results = measure_ranks(cfg, comm, data, device, emulation=emulation_of(cfg, comm))
+            results = probe_ranks(checked)
+            comm = init()
             stop = any(comm.allgather(preempt.requested()))
         if comm.rank == 0:
             probe_mod.save(results, cfg.out)
@@ -146,7 +144,7 @@ def plan(dataset_size, **values):
             if v["data"] is None:
                 raise ConfigError("give --dataset-size or --data", field="dataset_size")
             from .data import load as load_data
-            n = len(load_data(v["data"]).y_train)
+            n = len(load_data(v["data"]).train)
         p = make_plan(speeds, v["global_batch"], n, min_batch=v["min_batch"],
                       max_batch=v["max_batch"])
         if v["out"]:

@@ -15,7 +15,6 @@ from .aggregate import NONFINITE
 from ._keras import callbacks as hk_callbacks
 
 if TYPE_CHECKING:
-    from .actions import Action
     from .run import Run
 
 
@@ -29,31 +28,33 @@ class _EpochClock(keras.callbacks.Callback):
         self.seconds = time.perf_counter() - self.t0
 
 
-def run_epochs(job: "Run", actions: "list[Action]") -> float:
-    """Train from ``job.start_epoch`` to ``job.num_epochs`` (or until a callback sets
-    ``model.stop_training``, e.g. early stopping); returns the wall time. A stop request
-    (:mod:`hetgrad.preempt`) ends it after the epoch's checkpoint with
-    :class:`~hetgrad.preempt.Preempted` on every rank."""
+def run_epochs(job: "Run") -> float:
+    """Train from ``job.start_epoch`` to the spec's epochs (or until a callback sets
+    ``model.stop_training``, e.g. early stopping), with the run's actions around every epoch;
+    returns the wall time. A stop request (:mod:`hetgrad.preempt`) ends it after the epoch's
+    checkpoint with :class:`~hetgrad.preempt.Preempted` on every rank."""
     broadcast = hk_callbacks.BroadcastGlobalVariablesCallback(0)  # once, at the start
+    actions, progress, epochs = job.actions, job.progress, job.spec.epochs
     t0 = time.perf_counter()
     with preempt.listening():
-        for epoch in range(job.start_epoch, job.num_epochs):
+        for epoch in range(job.start_epoch, epochs):
             for action in actions:
                 action.on_epoch_begin(job, epoch)
             callbacks = [broadcast, *(c for a in actions for c in a.callbacks(job))]
             row = _fit_epoch(job, epoch, callbacks)
             early, asked = _agree_on_stopping(job)
-            job.stop_requested = asked and not early and epoch + 1 < job.num_epochs
+            progress.stop_requested = asked and not early and epoch + 1 < epochs
             for action in actions:
                 action.on_epoch_end(job, epoch, row)
-            job.epochs.append(row)
-            if early or job.stop_requested:
+            progress.epochs.append(row)
+            if early or progress.stop_requested:
                 break
+            job.comm.barrier()   # the next epoch starts together: rank 0's checkpoint is
+            # not counted as the other ranks' waiting in its first step
     for action in actions:
         action.on_train_end(job)
-    if job.stop_requested:
-        preempt.stop(job.epochs[-1]["epoch"], job.num_epochs, str(job.checkpointer.dir),
-                     job.rank)
+    if progress.stop_requested:
+        preempt.stop(progress.epochs[-1]["epoch"], epochs, str(job.checkpointer.dir), job.rank)
     return time.perf_counter() - t0
 
 
@@ -82,7 +83,7 @@ def _fit_epoch(job: "Run", epoch: int, callbacks: list) -> dict:
         with tf.device(job.device):
             history = job.model.fit(batches, epochs=epoch + 1, initial_epoch=epoch,
                                     steps_per_epoch=job.plan.steps_per_epoch, verbose=0,
-                                    validation_data=job.validation,
+                                    validation_data=job.spec.validation,
                                     shuffle=False,  # the pipeline orders each epoch itself
                                     callbacks=[clock, metrics, *callbacks])
     except tf.errors.InvalidArgumentError as exc:

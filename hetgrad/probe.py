@@ -1,7 +1,9 @@
 """Start-up probe: every rank times real training steps of the actual model at several batch
-sizes, fits its step-time model (:mod:`hetgrad.perfmodel`), and the results are allgathered,
-so all ranks know every rank's model. :func:`refine` then times every rank at its batch of the
-plan those models give and corrects each model there."""
+sizes (:func:`measure`; :func:`hetgrad._keras.probing.probe` runs it on the user's model and
+data), fits its step-time model (:mod:`hetgrad.perfmodel`), and the results are allgathered
+(:func:`share`), so all ranks know every rank's model. :func:`refine` then times every rank at
+its batch of the plan those models give and corrects each model there. Loading and saving
+probe files needs no TensorFlow."""
 from __future__ import annotations
 
 import socket
@@ -11,7 +13,6 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
-import numpy as np
 
 from .comm import Comm
 from .errors import InputFileError
@@ -52,15 +53,8 @@ class ProbeResult:
                          [list(p) for p in self.points], self.fit_error, self.scale)
 
 
-Batch = Callable[[int], tuple]  # batch size -> (x, y) of that many samples (y may be None)
+Batch = Callable[[int], tuple]  # batch size -> one batch of that many samples, e.g. (x, y)
 Planner = Callable[[list[StepModel]], list[int]]  # every rank's model -> every rank's batch
-
-
-def synthetic_batches(input_shape, num_classes: int, seed: int = 0) -> Batch:
-    """Random inputs of the real shape with integer labels (``hetgrad train``'s probe)."""
-    rng = np.random.default_rng(seed)
-    return lambda b: (rng.random((b, *input_shape), dtype=np.float32),
-                      rng.integers(0, num_classes, size=b))
 
 
 def measure(model: keras.Model, batch_of: Batch, *, batches: Sequence[int], warmup: int = 3,
@@ -83,8 +77,7 @@ def measure(model: keras.Model, batch_of: Batch, *, batches: Sequence[int], warm
     import tensorflow as tf
     points, all_times = [], []
     for batch in batches:
-        x, y = batch_of(batch)
-        data = tf.data.Dataset.from_tensors((x,) if y is None else (x, y)).repeat()
+        data = tf.data.Dataset.from_tensors(batch_of(batch)).repeat()
         if sync:
             sync()
         clock = _step_clock(warmup, lambda: before_step(batch) if before_step else None,
@@ -121,35 +114,6 @@ def _step_clock(warmup: int, before: Callable[[], object], step_sync):
                 self.times.append(time.perf_counter() - self.t0)
 
     return StepClock()
-
-
-def run_probe(comm: Comm, build_model: Callable[[], keras.Model], input_shape, num_classes: int,
-              *, device: str, batches: Sequence[int], warmup: int = 3, steps: int = 10,
-              before_step: Callable[[int], None] | None = None, planner: Planner | None = None,
-              rounds: int = 0, timeout: float = 300.0, loss,
-              verbose: bool = False) -> list[ProbeResult]:
-    """Probe a fresh copy of ``hetgrad train``'s model, compiled with its ``loss``, on
-    synthetic batches, then :func:`refine` it at the ``planner``'s batches (``rounds`` at
-    most). ``verbose``: rank 0 says what it times."""
-    from .compat import keras
-    model = build_model()
-    model.compile(optimizer=keras.optimizers.SGD(0.0), loss=loss)
-    say = verbose and comm.rank == 0
-    if say:
-        print(f"hetgrad: probe: timing batch sizes {list(batches)} (rank 0's) on {comm.size} "
-              f"ranks, {warmup} warm-up + {steps} steps each", flush=True)
-    report = (lambda b, t: print(f"hetgrad: probe: batch {b}: {1e3 * t:.1f} ms/step on rank 0",
-                                 flush=True)) if say else None
-
-    def time_at(sizes: Sequence[int], lockstep: bool = False) -> tuple[list, list]:
-        return measure(model, synthetic_batches(input_shape, num_classes), batches=sizes,
-                       warmup=warmup, steps=steps, before_step=before_step,
-                       sync=lambda: comm.gather_with_timeout(None, timeout),
-                       step_sync=comm.exchange_barrier if lockstep else None, on_point=report)
-
-    results = share(comm, *time_at(batches), device, timeout)
-    return refine(comm, results, planner, time_at, rounds, timeout) if planner and rounds \
-        else results
 
 
 def refine(comm: Comm, results: list[ProbeResult], planner: Planner,

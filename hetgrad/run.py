@@ -1,36 +1,102 @@
-"""The state one training run shares between the epoch loop (:mod:`hetgrad.loop`) and the
-actions around it (:mod:`hetgrad.actions`)."""
+"""One training run as :func:`hetgrad.assembly.assemble` builds it: :class:`RunSpec` is what
+a front end (``hetgrad train``, ``hk.fit``) asks for, checked; :class:`Run` the assembled run
+the epoch loop (:mod:`hetgrad.loop`) and its actions (:mod:`hetgrad.actions`) work on -- built
+whole, never changed -- with :class:`Progress`, the little that changes as it trains."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-from .pipeline import epoch_batches
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Sequence
 
 if TYPE_CHECKING:
     import tensorflow as tf
 
     from .checkpoint import Checkpointer
+    from .data.sources import Source
     from .partition import Plan
 
 
-class Run:
-    """What the loop and the actions share of one training run: :class:`hetgrad.trainer.Job`
-    (``hetgrad train``) and :func:`hetgrad.keras.fit` (a user's own model) fill it in. An
-    action may replace ``plan``; every epoch appends its row to ``epochs``."""
+@dataclass(frozen=True)
+class ProbeSpec:
+    """How to measure every rank (:func:`hetgrad._keras.probing.probe`) -- only where the plan
+    needs it unless ``always`` -- or the saved ``results`` of an earlier probe to use
+    instead."""
 
-    comm: Any
-    device: str
+    steps: int = 8
+    warmup: int = 3
+    sizes: int = 3                       # batch sizes timed, geometric up to ``top``
+    top: int | None = None               # largest batch timed (default: the global batch)
+    refine: int = 0                      # rounds at the planned batches
+    timeout: float = 300.0
+    results: tuple = ()                  # saved ProbeResults: no timing
+    always: bool = False                 # time even when the plan is given (for the record)
+    tag: str | None = None               # what the timing ran under (emulated speeds)
+    verbose: bool = False
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything one run needs, checked by its front end. ``model`` is compiled with the
+    user's optimizer (hetgrad wraps it, or keeps it if it is hetgrad's already); the plan is
+    ``plan``, else from ``speeds``, else from the probe. ``weight``: ``"plan"``, ``"samples"``
+    or ``"average"`` (Horovod's plain average ``1/P``, the baselines). ``identity``: the
+    settings a resumed run must share with its checkpoint, by the names the user typed."""
+
+    model: Any
+    data: "Source"
+    global_batch: int
+    epochs: int
+    seed: int = 0
+    plan: "Plan | None" = None
+    speeds: Sequence[float] | None = None
+    probe: ProbeSpec = ProbeSpec()
+    min_batch: int = 1
+    max_batch: int | Sequence[int] | None = None
+    weight: str = "plan"
+    sparsify: Any = None
+    check_finite: bool = True
+    rebalance_threshold: float | None = None   # None: measure the balance, never re-plan
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 1
+    resume: bool = False
+    identity: dict = field(default_factory=dict)
+    emulation: tuple | None = None             # (schedule, seconds per sample)
+    test: "Source | None" = None               # scored by rank 0 after every epoch
+    validation: Any = None                     # model.fit's validation_data, every rank
+    callbacks: Sequence = ()                   # the user's Keras callbacks
+    verbose: int = 2
+    step_timeout: float | None = None
+    device: str = ""
+
+
+@dataclass
+class Progress:
+    """What changes while a run trains: the plan in effect (a re-plan replaces it), the
+    epochs done (their record rows), the sparse exchange's per-step log, and whether the
+    ranks agreed to stop (:mod:`hetgrad.preempt`)."""
+
     plan: "Plan"
+    epochs: list[dict] = field(default_factory=list)
+    sparse_steps: list[dict] = field(default_factory=list)
+    stop_requested: bool = False
+
+
+@dataclass(frozen=True)
+class Run:
+    """An assembled run: what the loop and the actions read. ``start_epoch``: epochs done
+    before (resumed); ``probe``: every rank's step model (empty with a given plan)."""
+
+    spec: RunSpec
+    comm: Any
     model: Any
     optimizer: Any
-    checkpointer: "Checkpointer | None"
-    train_xy: Any            # (inputs, targets): tensors or nested structures of tensors
-    seed: int                # of the data order
-    num_epochs: int          # train until this many epochs are done
-    start_epoch: int         # epochs already done (resumed from a checkpoint)
-    epochs: list[dict]
-    validation: Any = None   # ``model.fit``'s validation_data, scored on every rank
-    stop_requested = False   # agreed at the last epoch end (:mod:`hetgrad.preempt`)
+    checkpointer: "Checkpointer"
+    actions: tuple
+    progress: Progress
+    first_plan: "Plan"
+    probe: tuple = ()
+    probe_time_s: float = 0.0
+    start_epoch: int = 0
+    device: str = ""
 
     @property
     def rank(self) -> int:
@@ -41,14 +107,18 @@ class Run:
         return self.comm.size
 
     @property
+    def plan(self) -> "Plan":
+        return self.progress.plan
+
+    @property
     def aggregation(self):
-        """The hetgrad optimizer's aggregation (None for the Horovod baselines)."""
-        return getattr(self.optimizer, "hetgrad", None)
+        return self.optimizer.hetgrad
 
     @property
     def reducer(self):
-        return self.aggregation.reducer if self.aggregation is not None else None
+        return self.aggregation.reducer
 
-    def batches(self, epoch: int) -> tf.data.Dataset:
+    def batches(self, epoch: int) -> "tf.data.Dataset":
         """This rank's batches of ``epoch`` under the plan in effect."""
-        return epoch_batches(self.train_xy, self.plan, self.rank, self.seed, epoch)
+        from .data.reader import rank_batches
+        return rank_batches(self.spec.data, self.plan, self.rank, self.spec.seed, epoch)

@@ -109,31 +109,39 @@ def check_checkpoint_dir(cfg: TrainConfig) -> None:
 
 
 def check_resume(cfg: TrainConfig, world_size: int, n_train: int) -> dict | None:
-    """The state of ``--resume``, checked against this job: complete, consistent with its
-    checkpoint, and from a job with the same ranks, data, global batch and settings."""
+    """The state of ``--resume``, checked against this job (:func:`check_resumed`)."""
     if not cfg.resume:
         return None
-    state, plan = checked_state(Path(cfg.resume))
+    state, _ = checked_state(Path(cfg.resume))
+    check_resumed(state, cfg.resume, job_identity(cfg), global_batch=cfg.global_batch,
+                  n_train=n_train, epochs=cfg.epochs)
+    return state
+
+
+def check_resumed(state: dict, directory, identity: dict, *, global_batch: int, n_train: int,
+                  epochs: int) -> None:
+    """A checkpoint's state against the job resuming it (``hetgrad train`` and ``hk.fit``
+    alike): the same global batch, data size and ``identity`` settings (by the names the user
+    typed), and epochs left to train. Another world size is fine: the run re-plans and goes
+    on with the same global order of samples."""
+    plan = state["plan"]
 
     def bad(text: str, field: str = "resume"):
         raise InputFileError(text, field=field)
 
-    if plan.world_size != world_size:
-        bad(f"the checkpoint is of a {plan.world_size}-rank job, this job has {world_size} "
-            f"ranks; resume with {plan.world_size} ranks")
-    if plan.global_batch != cfg.global_batch:
-        bad(f"the checkpoint trained with global batch {plan.global_batch}; resume with "
-            f"-B {plan.global_batch}", "global_batch")
-    if plan.dataset_size != n_train:
-        bad(f"the checkpoint trained on {plan.dataset_size} samples, --data has {n_train}",
-            "data")
+    if plan["global_batch"] != global_batch:
+        bad(f"the checkpoint trained with global batch {plan['global_batch']}; resume with "
+            f"global batch {plan['global_batch']}", "global_batch")
+    if plan["dataset_size"] != n_train:
+        bad(f"the checkpoint trained on {plan['dataset_size']} samples, the data has "
+            f"{n_train}", "data")
     for name, saved in state.get("job", {}).items():
-        if name in RESUMED_AS_SAVED and getattr(cfg, name) != saved:
+        if name in identity and identity[name] != saved:
             bad(f"the checkpoint's job had {_shown(saved)}, this job asks for "
-                f"{_shown(getattr(cfg, name))}; resume with the same setting", name)
-    if state["epoch"] >= cfg.epochs:
-        bad(f"the checkpoint is at epoch {state['epoch']}; ask for more epochs", "epochs")
-    return state
+                f"{_shown(identity[name])}; resume with the same setting", name)
+    if state["epoch"] >= epochs:
+        bad(f"the checkpoint in {directory} is at epoch {state['epoch']}; ask for more epochs",
+            "epochs")
 
 
 def _shown(value) -> str:
@@ -153,9 +161,9 @@ def check_train(cfg: TrainConfig, rank: int, world_size: int) -> tuple:
         check_writable(cfg.out, "out")
     check_checkpoint_dir(cfg)
     data = data_mod.load(cfg.data)
-    state = check_resume(cfg, world_size, len(data.y_train))
+    state = check_resume(cfg, world_size, len(data.train))
     if state is None:   # the partitioner's own checks, on equal speeds
-        choose_plan(cfg, world_size, len(data.y_train), None)
+        choose_plan(cfg, world_size, len(data.train), None)
     if cfg.probe_file:
         check_probe_file(cfg, world_size)
     return data, state

@@ -70,8 +70,8 @@ def test_fit_errors_name_the_argument(tmp_path):
     bare = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     with pytest.raises(HetgradError, match="model: compile the model"):
         hk.fit(bare, x, y, global_batch=4, epochs=1)
-    with pytest.raises(HetgradError, match="x: hk.fit takes arrays"):
-        hk.fit(compiled(), tf.data.Dataset.range(3), None, global_batch=4, epochs=1)
+    with pytest.raises(HetgradError, match="x: the dataset's length is infinite"):
+        hk.fit(compiled(), tf.data.Dataset.range(3).repeat(), None, global_batch=4, epochs=1)
     with pytest.raises(HetgradError, match="x: inputs and targets differ in length"):
         hk.fit(compiled(), x, y[:19], global_batch=4, epochs=1)
     with pytest.raises(HetgradError, match="plan: the plan is for 2 ranks, this job has 1"):

@@ -53,11 +53,14 @@ def test_shard_errors_name_the_argument():
 
 
 def test_shard_of_a_dataset_follows_the_plan():
-    plan = hetgrad.make_plan([1, 3], 8, 22)   # batches 2 / 6, shards 5 / 17
+    """A finite tf.data.Dataset is read once; each rank gets its slice of every global batch
+    (2 and 6 of 8), every sample once an epoch, the last step the tail of 6 split 1 + 5."""
+    plan = hetgrad.make_plan([1, 3], 8, 22)   # batches 2 / 6, 3 steps
+    assert plan.last_batches() == [1, 5]
     ds = tf.data.Dataset.range(22)
-    got = [b.numpy() for b in hk.shard(ds, None, plan, rank=1).take(3)]
-    assert [len(b) for b in got] == [6, 6, 5]
-    assert sorted(np.concatenate(got)) == list(range(5, 22))
+    got = [[b[0].numpy() for b in hk.shard(ds, None, plan, rank=r).take(3)] for r in (0, 1)]
+    assert [len(b) for b in got[0]] == [2, 2, 1] and [len(b) for b in got[1]] == [6, 6, 5]
+    assert sorted(np.concatenate(got[0] + got[1])) == list(range(22))
 
 
 def test_probe_refuses_an_uncompiled_model_or_mismatched_data():

@@ -7,7 +7,7 @@ import warnings
 import pytest
 import tensorflow as tf
 
-from hetgrad.keras import optimizer as hk_optimizer
+from hetgrad._keras import optimizer as hk_optimizer
 
 
 def test_configure_tf_keeps_two_inter_op_threads():

@@ -12,7 +12,7 @@ from ..errors import HetgradError
 from ..perfmodel import probe_batches
 from ..planning import planner
 from ..probe import ProbeResult, measure, refine as refine_models, share
-from .data import num_samples, take
+from ..data.reader import as_source, first_batch
 from .optimizer import hetgrad_outermost
 
 
@@ -20,24 +20,29 @@ def probe(model, x, y=None, *, global_batch: int | None = None,
           batches: Sequence[int] | None = None, max_batch: int | None = None,
           min_batch: int = 1, steps: int = 8, warmup: int = 3, refine: int = 0,
           timeout: float = 300.0, device: str = "",
-          before_step: Callable[[int], None] | None = None) -> list[ProbeResult]:
-    """Time ``model.train_on_batch`` on the first ``b`` samples of ``(x, y)`` for each probe
-    batch ``b`` and fit this rank's step-time model; every rank returns all ranks' results
-    (pass them to :func:`hetgrad.make_plan`).
+          before_step: Callable[[int], None] | None = None,
+          verbose: bool = False) -> list[ProbeResult]:
+    """Time training steps of the compiled ``model`` on ``b`` real samples of the data for
+    each probe batch ``b`` and fit this rank's step-time model; every rank returns all ranks'
+    results (pass them to :func:`hetgrad.make_plan`).
 
-    ``x``/``y``: arrays or dicts of arrays (any model: regression, several inputs or outputs).
-    ``batches``: the sizes to time; default 3 geometric sizes from ``B / (4 P)`` up to the
-    global batch ``B`` (or ``max_batch``, this rank's memory cap). The model's weights, its
-    optimizer's state and its metrics are exactly as before when the probe returns.
-    ``before_step(b)``: called before each timed step (default: the emulated sleep of
-    ``HETGRAD_EMULATE_SPEEDS``, if set). With ``global_batch``, ``refine`` rounds then time
-    every rank at its batch of the plan (``min_batch``, every rank's ``max_batch``) and
-    correct its model there (:func:`hetgrad.probe.refine`; default 0: none).
+    ``x``/``y``: what ``hk.shard`` takes (arrays or dicts of arrays, a dataset directory or
+    :class:`~hetgrad.data.Source`, a finite ``tf.data.Dataset``); the samples are read and
+    decoded as training reads them, and ``model.fit`` runs the steps (a custom
+    ``train_step`` gets ``(x, y)``). ``batches``: the sizes to time; default 3 geometric sizes
+    from ``B / (4 P)`` up to the global batch ``B`` (or ``max_batch``, this rank's memory cap).
+    The model's weights, its optimizer's state, metrics and history are exactly as before
+    when the probe returns. ``before_step(b)``: called before each timed step (default: the
+    emulated sleep of ``HETGRAD_EMULATE_SPEEDS``, if set). With ``global_batch``, ``refine``
+    rounds then time every rank at its batch of the plan (``min_batch``, every rank's
+    ``max_batch``) and correct its model there (:func:`hetgrad.probe.refine`; default 0:
+    none). ``verbose``: rank 0 says what it times.
     """
     if not compat.is_compiled(model) or getattr(model, "optimizer", None) is None:
         raise HetgradError("compile the model (optimizer and loss) before probing it",
                            field="model")
-    n = num_samples(x, y)
+    source = as_source(x, y)
+    n = len(source)
     if batches is not None and any(int(b) != b or not 1 <= b <= n for b in batches):
         raise HetgradError(f"probe batches must be integers in [1, {n}], got {list(batches)}",
                            field="batches")
@@ -47,15 +52,16 @@ def probe(model, x, y=None, *, global_batch: int | None = None,
     sizes = list(batches) if batches else probe_batches(top, global_batch or top, comm.size)
     if before_step is None:
         before_step = _emulated_pause(comm)
+    report = _reporter(comm, sizes, warmup, steps) if verbose else None
 
     def time_at(sizes: Sequence[int], lockstep: bool = False) -> tuple[list, list]:
-        return measure(model, lambda b: take((x, y), b), batches=sizes, warmup=warmup,
+        return measure(model, lambda b: first_batch(source, b), batches=sizes, warmup=warmup,
                        steps=steps, before_step=before_step,
                        sync=lambda: comm.gather_with_timeout(None, timeout),
-                       step_sync=comm.exchange_barrier if lockstep else None)
+                       step_sync=comm.exchange_barrier if lockstep else None, on_point=report)
 
     if not model.built:   # a subclassed model: its variables exist once it is called
-        model(take(x, 1))
+        model(first_batch(source, 1)[0])
     hetgrad_outermost(model)   # (a loss scale around hetgrad's optimizer goes inside)
     with _restored(model), _local_optimizer(model), compat.one_step_per_call(model):
         results = share(comm, *time_at(sizes), device or _device(), timeout)
@@ -64,6 +70,16 @@ def probe(model, x, y=None, *, global_batch: int | None = None,
             results = refine_models(comm, results, planner(global_batch, min_batch, caps),
                                     time_at, refine, timeout)
     return results
+
+
+def _reporter(comm, sizes, warmup: int, steps: int):
+    """Rank 0 says what the probe times, then each size's step time (None elsewhere)."""
+    if comm.rank != 0:
+        return None
+    print(f"hetgrad: probe: timing batch sizes {list(sizes)} (rank 0's) on {comm.size} ranks, "
+          f"{warmup} warm-up + {steps} steps each", flush=True)
+    return lambda b, t: print(f"hetgrad: probe: batch {b}: {1e3 * t:.1f} ms/step on rank 0",
+                              flush=True)
 
 
 class _restored:

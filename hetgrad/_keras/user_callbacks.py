@@ -1,14 +1,14 @@
-"""The user's Keras callbacks in :func:`hetgrad.keras.fit`: on the right rank (files written
-once, by rank 0; :func:`on_this_rank_with_progress`), seeing the loop's per-epoch
-``model.fit`` calls as one ``fit`` (:class:`OneFit`), and a Keras ``BackupAndRestore`` served
-by hk.fit's own checkpoints, which restore every rank (:func:`from_backup`)."""
+"""The user's Keras callbacks in :func:`hetgrad.keras.fit`: seeing the loop's per-epoch
+``model.fit`` calls as one ``fit`` (:class:`OneFit`; the assembly runs only those that belong
+on this rank, :func:`.callbacks.on_this_rank`), Keras' progress on rank 0, and a Keras
+``BackupAndRestore`` served by hk.fit's own checkpoints, which restore every rank
+(:func:`from_backup`)."""
 from __future__ import annotations
 
 from typing import Sequence
 
 from .. import compat
 from ..errors import HetgradError
-from .callbacks import on_this_rank
 
 keras = compat.keras
 
@@ -33,13 +33,7 @@ def from_backup(callbacks: Sequence, checkpoint_dir: str | None,
     return rest, backup.backup_dir, True, bool(getattr(backup, "delete_checkpoint", True))
 
 
-def on_this_rank_with_progress(history, callbacks: Sequence, verbose: int, rank: int) -> list:
-    """``history``, the ``callbacks`` that run on ``rank`` (:func:`.callbacks.on_this_rank`)
-    and Keras' progress on rank 0 (``verbose`` 1: a bar, 2: a line per epoch)."""
-    return [history, *on_this_rank(callbacks, rank), *_progress(verbose, rank)]
-
-
-def _progress(verbose: int, rank: int) -> list:
+def progress_callbacks(verbose: int, rank: int) -> list:
     """Keras's progress bar (``verbose`` 1) or epoch lines (2), on rank 0 only."""
     if not verbose or rank != 0:
         return []

@@ -19,7 +19,7 @@ from horovod.tensorflow import (Average, Compression, Sum, allgather, allreduce,
                                 local_size, rank, shutdown, size)
 
 from .._keras.counting import count_samples
-from .._keras.data import shard
+from ..data.reader import shard
 from .._keras.optimizer import DistributedOptimizer, aggregation_of, set_plan
 from .._keras.probing import probe
 from .._keras.replicas import replicas_agree

@@ -7,29 +7,30 @@ import sys
 
 import numpy as np
 
-from hetgrad import run, trainer
+from hetgrad import trainer
 from hetgrad.config import TrainConfig
+from hetgrad.run import Run
 from hetgrad.runtime import fail_fast
 
-clean = run.epoch_batches
+clean = Run.batches
 
 
-def poisoned(xy, plan, rank, seed, epoch):
-    ds = clean(xy, plan, rank, seed, epoch)
-    if rank == 1 and epoch == 1:
+def poisoned(run, epoch):
+    ds = clean(run, epoch)
+    if run.rank == 1 and epoch == 1:
         return ds.map(lambda x, y: (x * np.float32(np.nan), y))
     return ds
 
 
 def train(out: str, policy: str, sparse: bool = False) -> dict:
     """The poisoned run's record (rank 0; ``{}`` elsewhere)."""
-    run.epoch_batches = poisoned
+    Run.batches = poisoned
     try:
         return trainer.train(TrainConfig(speeds=[1, 2, 1], epochs=3, on_nonfinite=policy,
                                          out=out, sparsify="topk" if sparse else None,
                                          quiet=True))
     finally:
-        run.epoch_batches = clean
+        Run.batches = clean
 
 
 if __name__ == "__main__":

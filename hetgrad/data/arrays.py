@@ -1,52 +1,94 @@
-"""Datasets: the embedded digits set, Keras-format .npz files, and synthetic data."""
+"""Samples held in memory as arrays -- a user's arrays or dicts of arrays (``hk.fit``,
+``hk.shard``), the embedded digits set, synthetic data, Keras-format ``.npz`` files -- read
+by index without copying the whole set (each batch is gathered, then converted)."""
 from __future__ import annotations
 
 import zipfile
-from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
-from .errors import InputFileError
+from ..errors import HetgradError, InputFileError
+from .sources import Dataset, Field, Source
 
 NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
 
 
-@dataclass
-class Dataset:
-    """Arrays ready for Keras: float32 images in [0, 1] with a channel axis, int labels."""
+def nest_map(fn: Callable, structure):
+    """``fn`` on every array of a structure of tuples, lists and dicts (``None`` kept)."""
+    if isinstance(structure, dict):
+        return {k: nest_map(fn, v) for k, v in structure.items()}
+    if isinstance(structure, (tuple, list)):
+        return type(structure)(nest_map(fn, v) for v in structure)
+    return None if structure is None else fn(structure)
 
-    name: str
-    x_train: np.ndarray
-    y_train: np.ndarray
-    x_test: np.ndarray
-    y_test: np.ndarray
+
+def nest_leaves(structure) -> list:
+    """The arrays of a structure, in :func:`nest_map`'s order (``None`` left out)."""
+    if isinstance(structure, dict):
+        return [a for v in structure.values() for a in nest_leaves(v)]
+    if isinstance(structure, (tuple, list)):
+        return [a for v in structure for a in nest_leaves(v)]
+    return [] if structure is None else [structure]
+
+
+class ArraySource(Source):
+    """Arrays in memory: ``x`` (an array, or a dict/list of arrays) and ``y`` (or None), all of
+    one length. ``convert(x_batch)`` turns a gathered batch of ``x`` into what the model takes
+    (e.g. uint8 images to float32 in [0, 1]); the arrays themselves are never copied."""
+
+    def __init__(self, x, y=None, *, name: str = "arrays",
+                 convert: Callable[[np.ndarray], np.ndarray] | None = None):
+        self.name = name
+        self.arrays = (x,) if y is None else (x, y)
+        self.convert = convert
+        lengths = {len(a) for a in nest_leaves(self.arrays)}
+        if len(lengths) > 1:
+            raise HetgradError(f"inputs and targets differ in length: {sorted(lengths)}",
+                               field="x")
+        if not lengths:
+            raise HetgradError("no data given", field="x")
+        self.size = lengths.pop()
+
+    def __len__(self) -> int:
+        return self.size
+
+    def take(self, indices: np.ndarray):
+        batch = nest_map(lambda a: a[indices], self.arrays)
+        if self.convert is not None:
+            batch = (nest_map(self.convert, batch[0]), *batch[1:])
+        return batch
 
     @property
-    def input_shape(self) -> tuple[int, ...]:
-        return tuple(self.x_train.shape[1:])
+    def signature(self):
+        one = self.take(np.arange(1))
+        return nest_map(lambda a: Field(a.dtype, a.shape[1:]), one)
 
-    @property
-    def num_classes(self) -> int:
-        return int(max(self.y_train.max(), self.y_test.max())) + 1
 
-    def shuffled(self, seed: int) -> "Dataset":
-        """Same data, training set permuted by ``seed`` (identically on every rank)."""
-        perm = np.random.default_rng(seed).permutation(len(self.y_train))
-        return Dataset(self.name, self.x_train[perm], self.y_train[perm], self.x_test,
-                       self.y_test)
+def _images(peak: float):
+    """Images to float32 in [0, 1] (divided by the split's largest value), with a channel
+    axis added to (H, W) images."""
+    scale = np.float32(1.0 / peak) if peak > 0 else np.float32(1.0)
+
+    def convert(x: np.ndarray) -> np.ndarray:
+        x = x.astype(np.float32) * scale
+        return x[..., None] if x.ndim == 3 else x
+    return convert
+
+
+def _split(name: str, x: np.ndarray, y: np.ndarray) -> ArraySource:
+    return ArraySource(x, np.asarray(y).astype(np.int64).ravel(), name=name,
+                       convert=_images(float(x.max()) if x.size else 1.0))
 
 
 def _prepare(name: str, arrays: dict) -> Dataset:
-    def images(x: np.ndarray) -> np.ndarray:
-        x = np.asarray(x, dtype=np.float32)
-        peak = float(x.max()) if x.size else 1.0
-        x = x / (peak if peak > 0 else 1.0)
-        return x[..., None] if x.ndim == 3 else x
-
-    return Dataset(name, images(arrays["x_train"]), np.asarray(arrays["y_train"]).astype(np.int64).ravel(),
-                   images(arrays["x_test"]), np.asarray(arrays["y_test"]).astype(np.int64).ravel())
+    train = _split(name, arrays["x_train"], arrays["y_train"])
+    test = _split(f"{name} (test)", arrays["x_test"], arrays["y_test"])
+    x_shape = train.signature[0].shape
+    classes = int(max(arrays["y_train"].max(), arrays["y_test"].max())) + 1
+    return Dataset(name, train, test, tuple(x_shape), classes)
 
 
 def load_npz(path: str | Path, *, field: str = "data") -> Dataset:
@@ -127,16 +169,24 @@ def synthetic(n_train: int = 4096, n_test: int = 1024, shape: tuple[int, ...] = 
     xte, yte = draw(n_test)
     lo, hi = xtr.min(), xtr.max()
     scale = lambda x: ((x - lo) / (hi - lo)).astype(np.float32)  # noqa: E731
-    return Dataset("synthetic", scale(xtr), ytr, np.clip(scale(xte), 0, 1), yte)
+    return Dataset("synthetic", ArraySource(scale(xtr), ytr, name="synthetic"),
+                   ArraySource(np.clip(scale(xte), 0, 1), yte, name="synthetic (test)"),
+                   tuple(shape), num_classes)
 
 
 def load(spec: str) -> Dataset:
-    """``digits`` | ``synthetic`` | a path to a ``.npz`` file."""
+    """``digits`` | ``synthetic`` | a path to a ``.npz`` file | a converted dataset
+    directory (:mod:`.records`)."""
     if spec == "digits":
         return digits()
     if spec == "synthetic":
         return synthetic()
-    if not Path(spec).exists():
-        raise InputFileError(f"no such dataset or file: {spec!r} (use digits, synthetic or a .npz path)",
+    path = Path(spec)
+    if path.is_dir():
+        from .records import open_dataset
+        return open_dataset(path)
+    if not path.exists():
+        raise InputFileError(f"no such dataset or file: {spec!r} (use digits, synthetic, a .npz "
+                             "path or a dataset directory from `hetgrad data convert`)",
                              field="data")
     return load_npz(spec)
