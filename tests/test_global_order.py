@@ -1,0 +1,40 @@
+"""Data at scale's promise on real ranks (tests/mpi/global_order.py): one global order of
+samples per epoch that no world size, plan or re-plan changes -- so one process, uneven
+ranks, a re-plan mid-epoch and a checkpoint resumed on more ranks all end with the same
+weights (SGD, no BatchNorm or dropout: up to float summation order)."""
+import numpy as np
+
+N = 200
+
+
+def test_one_process_uneven_ranks_and_a_mid_epoch_replan_agree(world3):
+    r = world3.run("global_order:same_weights").root
+    assert r["moved"] > 0.05, r                       # training really moved the weights
+    assert r["uneven"] < 1e-5 and r["switched"] < 1e-5, r
+
+
+def test_every_sample_once_an_epoch_on_uneven_ranks(world3):
+    ranks = world3.run("global_order:ids_per_epoch").values
+    epochs = [sum((r[e] for r in ranks), []) for e in (0, 1)]
+    for ids in epochs:
+        assert sorted(ids) == list(range(N))
+    assert epochs[0] != epochs[1]                     # a new order every epoch
+
+
+def test_a_checkpoint_of_two_ranks_resumes_on_three(world2, world3, tmp_path):
+    ckpt = str(tmp_path / "ckpt")
+    first = world2.run("global_order:resumed_on", ckpt, 1).root   # nothing saved: from scratch
+    assert first["epochs"] == [0] and first["vs_one_process"] < 1e-5
+    resumed = world3.run("global_order:resumed_on", ckpt, 3, 11)
+    assert resumed.root["epochs"] == [1, 2], resumed.root
+    assert resumed.root["vs_one_process"] < 1e-5, resumed.root
+    assert "resuming a 2-rank checkpoint on 3 ranks" in resumed.stderr[0]
+
+
+def test_hk_fit_refuses_to_resume_with_another_setting(world2, tmp_path):
+    ckpt = str(tmp_path / "ckpt")
+    world2.run("global_order:resumed_on", ckpt, 1)
+    errors = world2.run("global_order:refused_resume", ckpt).values
+    assert all("seed: the checkpoint's job had 5, this job asks for 6" in e for e in errors), \
+        errors
+    assert np.all([isinstance(e, str) for e in errors])
