@@ -208,5 +208,38 @@ def report(runs, out_dir):
     _run(body, {"runs": "RUN.json", "out_dir": "--out-dir"})
 
 
+@main.group("data")
+def data_group() -> None:
+    """Datasets larger than memory: convert what you have into record files read by index."""
+
+
+@data_group.command()
+@click.argument("src")
+@click.argument("dst")
+@click.option("--split", type=click.Choice(["train", "test"]), default="train",
+              show_default=True, help="which split SRC is (a .npz gives both)")
+@click.option("--parse", default=None,
+              help="TFRecord SRC: module:function, one serialized example -> (features, label)")
+@click.option("--decode", default=None, help="what a stored record becomes for the model: "
+              "module:function(features, label) -> (features, label), or image:HxW")
+@click.option("--image-size", default="64x64", show_default=True,
+              help="image folder SRC: images are decoded and resized to this when read")
+@click.option("--shard-size", type=int, default=8192, show_default=True,
+              help="samples per shard (.npz, image folder; TFRecord: a shard per file)")
+@click.option("--overwrite", is_flag=True, help="replace a dataset or conversion at DST")
+def convert(src, dst, **options):
+    """Convert SRC (a .npz, a TFRecord glob, an image folder) into the dataset directory DST
+    (run it under mpirun to split the work over the ranks)."""
+    def body():
+        from .data.convert import convert as run
+        from .runtime import control
+        manifest = run(src, dst, control(), say=lambda text, **_: click.echo(text, err=True),
+                       **options)
+        if manifest:
+            counts = {k: v["count"] for k, v in manifest["splits"].items()}
+            click.echo(f"hetgrad: data convert -> {dst}: {counts} samples", err=True)
+    _run(body, {"src": "SRC", "dst": "DST", "parse": "--parse", "decode": "--decode"})
+
+
 if __name__ == "__main__":
     main()

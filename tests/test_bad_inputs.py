@@ -41,6 +41,26 @@ def _checkpoint(d: Path, *, ranks: int = 1, batch: int = 96, epoch: int = 1,
     (d / "state.json").write_text(json.dumps(state))
 
 
+def _records(d: Path) -> None:
+    """Converted digits (hetgrad data convert), broken in every way the checks must name."""
+    import shutil
+    from hetgrad.comm import LocalComm
+    from hetgrad.data.convert import convert
+    good = d / "rec-ok"
+    convert(str(ROOT / "hetgrad/datasets/digits.npz"), str(good), LocalComm(), shard_size=500,
+            say=lambda *a, **k: None)
+    for name in ("rec-missing", "rec-truncated", "rec-count", "rec-shape"):
+        shutil.copytree(good, d / name)
+    (d / "rec-missing/train/shard-00001/x.npy").unlink()
+    x = d / "rec-truncated/train/shard-00002/x.npy"
+    x.write_bytes(x.read_bytes()[:-100])
+    manifest = json.loads((good / "manifest.json").read_text())
+    manifest["splits"]["train"]["count"] = 1500
+    (d / "rec-count/manifest.json").write_text(json.dumps(manifest))
+    np.save(d / "rec-shape/test/shard-00000/x.npy", np.zeros((360, 8, 9), np.uint8))
+    (d / "rec-none").mkdir()
+
+
 @pytest.fixture(scope="module")
 def d(tmp_path_factory):
     d = tmp_path_factory.mktemp("bad")
@@ -60,6 +80,7 @@ def d(tmp_path_factory):
     _npz(d / "emptytest.npz", x_test=np.zeros((0, 4, 4), np.float32), y_test=np.zeros(0, int))
     _npz(d / "flat.npz", x_train=np.arange(40, dtype=np.float32))
     _npz(d / "testlabel.npz", y_test=np.arange(9) % 5)
+    _records(d)
     (d / "no_tensorflow").mkdir()
     (d / "no_tensorflow" / "tensorflow.py").write_text(
         "raise ImportError('TensorFlow was imported before the input was refused')\n")
@@ -164,6 +185,15 @@ TRAIN = [
     (["--data", "{d}/emptytest.npz"], "emptytest.npz: x_test is empty"),
     (["--data", "{d}/flat.npz"], "flat.npz: x_train has shape (40,); need (samples, features...)"),
     (["--data", "{d}/testlabel.npz"], "testlabel.npz: y_test has label 4, but y_train only labels 0..2"),
+    # dataset directories of record files (hetgrad data convert)
+    (["--data", "{d}/rec-missing"], "--data: {d}/rec-missing/train/shard-00001/x.npy is missing"),
+    (["--data", "{d}/rec-truncated"], "--data: cannot read {d}/rec-truncated/train/shard-00002/x.npy"),
+    (["--data", "{d}/rec-count"], "--data: {d}/rec-count/manifest.json: the train shards hold 1437 "
+     "samples, the manifest says 1500"),
+    (["--data", "{d}/rec-shape"], "--data: {d}/rec-shape/test/shard-00000/x.npy holds uint8 (360, 8, 9), "
+     "the manifest says |u1 (360, 8, 8)"),
+    (["--data", "{d}/rec-none"], "--data: {d}/rec-none holds no manifest.json: not a dataset directory"),
+    (["--data", "{d}/rec-ok", "-B", "2000"], "--global-batch: dataset has 1437 samples, fewer than"),
     # plan and probe files
     (["--plan", "{d}/garbage.json"], "--plan: cannot read plan file"),
     (["--plan", "{d}/plan-types.json"], "--plan: cannot read plan file {d}/plan-types.json: field "

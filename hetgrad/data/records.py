@@ -1,5 +1,5 @@
 """A dataset directory of record files, read by index -- a rank reads only its samples, no
-file is ever loaded whole (memory maps), so a dataset far larger than memory trains::
+file is ever loaded or mapped whole, so a dataset far larger than memory trains::
 
     DIR/manifest.json           what is where (written last: a directory without one is not
                                 a dataset, e.g. a conversion still running)
@@ -17,6 +17,7 @@ the shape, type and size the manifest says (a truncated or replaced file is name
 from __future__ import annotations
 
 import json
+import os
 from functools import cached_property
 from pathlib import Path
 
@@ -106,36 +107,48 @@ class RecordSource(Source):
                                f"index says {int(idx[-1])} bytes (truncated or replaced)")
 
     @cached_property
-    def _maps(self) -> dict:
-        """Per shard and field: the memory map(s) to read from (opened once, lazily)."""
-        maps = {}
+    def _layout(self) -> dict:
+        """Per shard and field, read once: an array field's (file, offset of record 0, dtype,
+        shape), a bytes field's (file, offsets). Records are read with ``pread`` -- nothing is
+        mapped, so a rank's memory does not grow with the files it reads from (the page cache
+        holds them, shared and reclaimable)."""
+        layout = {}
         for shard in self.shards:
             for name, field in self.fields.items():
                 base = self.root / shard / name
-                maps[shard, name] = (np.load(f"{base}.npy", mmap_mode="r")
-                                     if field["kind"] == "array" else
-                                     (np.load(f"{base}.idx.npy", mmap_mode="r"),
-                                      np.memmap(f"{base}.bin", np.uint8, "r")))
-        return maps
+                if field["kind"] == "array":
+                    header = np.load(f"{base}.npy", mmap_mode="r")
+                    layout[shard, name] = (f"{base}.npy", header.offset, header.dtype,
+                                           header.shape[1:])
+                else:
+                    layout[shard, name] = (f"{base}.bin", np.load(f"{base}.idx.npy"))
+        return layout
 
     def _field(self, name: str, indices: np.ndarray) -> np.ndarray:
         which = np.searchsorted(self.starts, indices, side="right") - 1
         out = None
         for s in np.unique(which):
             here = which == s
-            local = indices[here] - self.starts[s]
-            got = self._read(self.shards[s], name, local)
+            got = self._read(self.shards[s], name, indices[here] - self.starts[s])
             if out is None:
                 out = np.empty((len(indices), *got.shape[1:]), got.dtype)
             out[here] = got
         return out
 
     def _read(self, shard: str, name: str, local: np.ndarray) -> np.ndarray:
-        m = self._maps[shard, name]
-        if self.fields[name]["kind"] == "array":
-            return np.asarray(m[local])
-        offsets, blob = m
-        return np.array([blob[offsets[i]:offsets[i + 1]].tobytes() for i in local], object)
+        path, *where = self._layout[shard, name]
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            if self.fields[name]["kind"] == "array":
+                first, dtype, shape = where
+                size = dtype.itemsize * int(np.prod(shape))
+                raw = b"".join(os.pread(fd, size, first + int(i) * size) for i in local)
+                return np.frombuffer(raw, dtype).reshape(len(local), *shape)
+            offsets = where[0]
+            return np.array([os.pread(fd, int(offsets[i + 1] - offsets[i]), int(offsets[i]))
+                             for i in local], object)
+        finally:
+            os.close(fd)
 
     def take(self, indices: np.ndarray):
         indices = np.asarray(indices, np.int64)
