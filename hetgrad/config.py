@@ -166,11 +166,6 @@ class TrainConfig:
             raise ConfigError(unknown_model(self.model), field="model")
 
     def _check_sparse(self) -> None:
-        given = {"momentum_correction": self.momentum_correction,
-                 "density_warmup": self.density_warmup, "local_clip": self.local_clip}
-        for name, value in given.items():
-            if value and self.sparsify is None:
-                raise ConfigError("does nothing without --sparsify", field=name)
         if self.momentum_correction and self.optimizer != "sgd":
             raise ConfigError("momentum correction is for SGD's momentum; --optimizer is "
                               f"{self.optimizer}", field="momentum_correction")
@@ -178,14 +173,20 @@ class TrainConfig:
             self.sparse_settings()   # its own checks (e.g. leader with exchange allgather)
 
     def sparse_settings(self, log_steps: int = 4096):
-        """The :class:`~hetgrad.sparse.Sparsify` of ``--sparsify`` and its options."""
+        """The :class:`~hetgrad.sparse.Sparsify` of ``--sparsify`` and its options (its
+        errors named by these settings, not by its own fields)."""
         from .sparse.settings import Sparsify
-        return Sparsify(policy=self.sparsify, density=self.density, exchange=self.exchange,
-                        dense_below=self.dense_below,
-                        momentum=0.9 if self.momentum_correction else 0.0,
-                        mask_momentum=not self.momentum_unmasked,
-                        clip_norm=self.local_clip, warmup_epochs=self.density_warmup,
-                        dense_above=self.dense_above, fresh=self.fresh, log_steps=log_steps)
+        try:
+            return Sparsify(policy=self.sparsify, density=self.density, exchange=self.exchange,
+                            dense_below=self.dense_below,
+                            momentum=0.9 if self.momentum_correction else 0.0,
+                            mask_momentum=not self.momentum_unmasked,
+                            clip_norm=self.local_clip, warmup_epochs=self.density_warmup,
+                            dense_above=self.dense_above, fresh=self.fresh,
+                            log_steps=log_steps)
+        except ConfigError as exc:
+            raise ConfigError(exc.message, field=SPARSIFY_SETTING.get(exc.field, exc.field)) \
+                from None
 
     def emulation_spec(self) -> str | None:
         """What a probe of this job is timed under (None: real speeds), so a saved probe is
@@ -202,6 +203,12 @@ class TrainConfig:
 
 
 SETTINGS = {f.name: f for f in fields(TrainConfig)}
+
+
+# Sparsify's fields that the settings above name otherwise
+SPARSIFY_SETTING = {"policy": "sparsify", "momentum": "momentum_correction",
+                    "mask_momentum": "momentum_unmasked", "clip_norm": "local_clip",
+                    "warmup_epochs": "density_warmup"}
 
 
 def unknown_model(name: str) -> str:

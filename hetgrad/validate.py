@@ -25,6 +25,8 @@ NEEDS = {
     "density": (lambda c: c.sparsify is not None, "--sparsify"),
     "exchange": (lambda c: c.sparsify is not None, "--sparsify"),
     "dense_below": (lambda c: c.sparsify is not None, "--sparsify"),
+    **{name: (lambda c: c.sparsify is not None, "--sparsify")
+       for name in ("momentum_correction", "density_warmup", "local_clip")},
     "fresh": (lambda c: c.sparsify == "sticky", "--sparsify sticky"),
     "momentum_unmasked": (lambda c: c.momentum_correction, "--momentum-correction"),
     "dense_above": (lambda c: c.sparsify is not None and c.density_warmup > 0,

@@ -26,16 +26,28 @@ def test_dense_warmup_only_above_the_target_and_the_threshold():
     assert not Sparsify(density=0.01, dense_above=1.0).dense_at(0.5)  # 1 turns it off
 
 
-@pytest.mark.parametrize("fields, field", [
-    (dict(density=0.0), "density"), (dict(policy="random"), "sparsify"),
-    (dict(exchange="tree"), "exchange"), (dict(policy="leader", exchange="allgather"), "exchange"),
-    (dict(momentum=1.0), "momentum_correction"), (dict(clip_norm=-1.0), "local_clip"),
-    (dict(warmup_epochs=-1), "density_warmup"), (dict(fresh=1.5), "fresh"),
-    (dict(dense_above=0.0), "dense_above")])
-def test_bad_settings_name_their_field(fields, field):
+@pytest.mark.parametrize("fields, field, setting", [
+    (dict(density=0.0), "density", "density"), (dict(policy="random"), "policy", "sparsify"),
+    (dict(exchange="tree"), "exchange", "exchange"),
+    (dict(policy="leader", exchange="allgather"), "exchange", "exchange"),
+    (dict(momentum=1.0), "momentum", None), (dict(clip_norm=-1.0), "clip_norm", "local_clip"),
+    (dict(warmup_epochs=-1), "warmup_epochs", "density_warmup"),
+    (dict(fresh=1.5), "fresh", "fresh"),
+    (dict(dense_above=0.0), "dense_above", "dense_above")])
+def test_bad_settings_name_their_field(fields, field, setting):
+    """By the name the user typed: Sparsify's own field, or hetgrad train's setting."""
     with pytest.raises(ConfigError) as info:
         Sparsify(**fields)
     assert info.value.field == field
+    if setting is None:   # (hetgrad train's momentum is a flag: 0.9 or nothing)
+        return
+    from hetgrad.config import SPARSIFY_SETTING, TrainConfig
+    cli = {SPARSIFY_SETTING.get(k, k): v for k, v in fields.items()}
+    cli["sparsify"] = cli.pop("sparsify", "topk")
+    cli = {k: v for k, v in cli.items() if k in TrainConfig.__dataclass_fields__}
+    with pytest.raises(ConfigError) as info:
+        TrainConfig(**cli).sparse_settings()
+    assert info.value.field == setting
 
 
 def test_train_flags_reach_the_settings():

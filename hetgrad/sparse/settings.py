@@ -55,11 +55,11 @@ class Sparsify:
                 raise ConfigError(problem, field=field)
 
     def _problems(self) -> list[tuple[str, str | bool]]:
-        """(field, what is wrong or False) for every rule; the field as ``hetgrad train``
-        names it."""
+        """(field, what is wrong or False) for every rule, by this class's own field names
+        (``hetgrad train`` shows them as its flags: :data:`hetgrad.config.SPARSIFY_SETTING`)."""
         clip = self.clip_norm
         return [
-            ("sparsify", self.policy not in POLICIES and
+            ("policy", self.policy not in POLICIES and
              f"unknown policy {self.policy!r}; choose from {', '.join(POLICIES)}"),
             ("exchange", self.exchange not in EXCHANGES and
              f"unknown exchange {self.exchange!r}; choose from {', '.join(EXCHANGES)}"),
@@ -68,11 +68,11 @@ class Sparsify:
             ("density", not 0.0 < self.density <= 1.0 and
              f"must be in (0, 1], got {self.density}"),
             ("dense_below", self.dense_below < 0 and f"must be >= 0, got {self.dense_below}"),
-            ("momentum_correction", not 0.0 <= self.momentum < 1.0 and
+            ("momentum", not 0.0 <= self.momentum < 1.0 and
              f"momentum must be in [0, 1), got {self.momentum}"),
-            ("local_clip", clip is not None and not (math.isfinite(clip) and clip > 0) and
+            ("clip_norm", clip is not None and not (math.isfinite(clip) and clip > 0) and
              f"must be a positive number, got {clip}"),
-            ("density_warmup", self.warmup_epochs < 0 and
+            ("warmup_epochs", self.warmup_epochs < 0 and
              f"must be >= 0, got {self.warmup_epochs}"),
             ("fresh", not 0.0 <= self.fresh <= 1.0 and f"must be in [0, 1], got {self.fresh}"),
             ("dense_above", not 0.0 < self.dense_above <= 1.0 and
