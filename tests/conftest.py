@@ -110,7 +110,7 @@ TRAIN_ARMS = {"dense": {}, "sparse": {"sparsify": "sticky", "density": 0.05}}
 
 def train_arm(directory: Path, launcher: str, arm: str) -> dict:
     tag = f"{launcher}-{arm}"
-    return dict(speeds=[1, 3], epochs=3, rebalance=True, rebalance_threshold=1000,
+    return dict(speeds=[1, 3], epochs=3, rebalance=True, rebalance_threshold=1000, probe_steps=1,
                 checkpoint_dir=str(directory / f"{tag}-ckpt"), out=str(directory / f"{tag}.json"),
                 **TRAIN_ARMS[arm])
 

@@ -10,7 +10,7 @@ import pytest
 @pytest.mark.parametrize("extra", [{}, {"sparsify": "recent", "density": 0.05}],
                          ids=["dense", "sparse"])
 def test_resume_matches_uninterrupted_run(world2, tmp_path, extra):
-    common = dict(speeds=[1, 2], quiet=True, seed=3, **extra)
+    common = dict(speeds=[1, 2], quiet=True, seed=3, probe_steps=1, **extra)
     straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
     world2.run("training:train", epochs=4, checkpoint_dir=str(straight),
                out=str(tmp_path / "a.json"), **common)

@@ -58,6 +58,7 @@ def test_fit_example_on_three_ranks(world3):
 def test_cli_trains_a_user_model_by_import_path(world2, tmp_path):
     rec = world2.run("training:train", cwd=str(ROOT), model="examples.cnn_npz:build_model",
                      data=DIGITS, epochs=2, global_batch=64, speeds=[1, 1], quiet=True,
+                     probe_steps=1,
                      out=str(tmp_path / "run.json")).root
     assert rec["config"]["model"] == "examples.cnn_npz:build_model"
     assert rec["final_test_accuracy"] > 0.5, rec["final_test_accuracy"]

@@ -66,7 +66,7 @@ def slowdown_runs(world3, tmp_path_factory):
     """Rank 1 becomes 4x slower from epoch index 2; 4 epochs, static vs --rebalance."""
     d = tmp_path_factory.mktemp("rebalance")
     common = dict(speeds=[1, 1, 1], emulate_speeds="1,1,1;2:1,0.25,1", emulate_unit=1e-3,
-                  epochs=4, quiet=True)
+                  epochs=4, quiet=True, probe_steps=1)
     runs = {}
     for name, extra in (("static", {}),
                         # a high threshold: equal speeds must not churn even on a busy machine

@@ -4,13 +4,11 @@ resumable conversion that never overwrites; and every way the files can be broke
 one line before training."""
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, hetgrad_mpi
 from hetgrad.comm import LocalComm
 from hetgrad.data import digits, load
 from hetgrad.data.convert import convert
@@ -115,12 +113,9 @@ def test_an_image_that_does_not_decode_is_named(tmp_path):
 def test_ranks_of_a_launch_share_the_conversion(tmp_path):
     """Under mpirun -np 2 each rank writes every other shard; the result is the same bytes."""
     convert(str(DIGITS), str(tmp_path / "one"), LocalComm(), shard_size=300, say=quiet)
-    cmd = ["mpirun", "-np", "2", "--oversubscribe", *(["--allow-run-as-root"]
-                                                     if os.geteuid() == 0 else []),
-           sys.executable, "-m", "hetgrad.cli", "data", "convert", str(DIGITS),
-           str(tmp_path / "two"), "--shard-size", "300"]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0, p.stderr[-2000:]
+    p = hetgrad_mpi(2, ["data", "convert", str(DIGITS), str(tmp_path / "two"),
+                        "--shard-size", "300"], timeout=120)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     one = json.loads((tmp_path / "one/manifest.json").read_text())
     two = json.loads((tmp_path / "two/manifest.json").read_text())
     assert one == two

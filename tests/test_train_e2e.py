@@ -30,7 +30,7 @@ def test_three_rank_weighted_training_on_digits(tmp_path):
 def test_equal_and_uneven_avg_modes_run(world2, tmp_path):
     for mode in ("equal", "uneven-avg"):
         speeds = {} if mode == "equal" else {"speeds": [1, 3]}  # equal mode plans nothing
-        rec = world2.run("training:train", mode=mode, epochs=2, quiet=True,
+        rec = world2.run("training:train", mode=mode, epochs=2, quiet=True, probe_steps=1,
                          out=str(tmp_path / f"{mode}.json"), **speeds).root
         expect = [48, 48] if mode == "equal" else [24, 72]
         assert rec["plan"]["batches"] == expect
@@ -40,7 +40,7 @@ def test_equal_and_uneven_avg_modes_run(world2, tmp_path):
 def test_steps_per_execution_trains_the_same_model(world2, tmp_path):
     """--steps-per-execution 4 (15 steps an epoch: calls of 4, 4, 4 and 3, the last step
     partial) gives one step per call's losses and test scores: the same weights."""
-    recs = {k: world2.run("training:train", speeds=[1, 3], epochs=2, quiet=True,
+    recs = {k: world2.run("training:train", speeds=[1, 3], epochs=2, quiet=True, probe_steps=1,
                           steps_per_execution=k, out=str(tmp_path / f"spe{k}.json")).root
             for k in (1, 4)}
     assert recs[4]["config"]["steps_per_execution"] == 4
@@ -56,6 +56,7 @@ def test_tensorflow_start_up_lines_only_with_verbose(tmp_path):
     outputs = {}
     for flags in ([], ["--verbose"]):
         proc = hetgrad_mpi(2, [*flags, "train", "--speeds", "1,1", "--epochs", "1", "--quiet",
+                               "--probe-steps", "1",
                                "--out", str(tmp_path / "r.json")], env_update=quiet_env)
         assert proc.returncode == 0, proc.stderr[-3000:]
         outputs[bool(flags)] = proc.stdout + proc.stderr

@@ -27,8 +27,8 @@ def train(out: str, policy: str, sparse: bool = False) -> dict:
     Run.batches = poisoned
     try:
         return trainer.train(TrainConfig(speeds=[1, 2, 1], epochs=3, on_nonfinite=policy,
-                                         out=out, sparsify="topk" if sparse else None,
-                                         quiet=True))
+                                         probe_steps=1, out=out, quiet=True,
+                                         sparsify="topk" if sparse else None))
     finally:
         Run.batches = clean
 
