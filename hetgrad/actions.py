@@ -53,7 +53,8 @@ class Emulation(Action):
         return cls(schedule, SpeedEmulator(schedule[0][rank], unit_s))
 
     def callbacks(self, job):
-        return [self.emulator.callback(lambda step: step_span(job.plan, job.rank, step)[1])]
+        return [self.emulator.callback(
+            lambda step: step_span(job.plan, job.rank, job.progress.first_step + step)[1])]
 
     def on_epoch_begin(self, job, epoch):
         self.emulator.set_speed(speed_at(self.schedule, epoch, job.rank))
@@ -124,25 +125,29 @@ class Sparse(Action):
         row["density"] = job.reducer.density
         if steps:
             row["buildup"] = sum(s["buildup"] for s in steps) / len(steps)
-        job.progress.sparse_steps += [{"epoch": epoch + 1, "step": i, **s}
+        first = job.progress.first_step
+        job.progress.sparse_steps += [{"epoch": epoch + 1, "step": first + i, **s}
                                       for i, s in enumerate(steps)]
 
 
 class Checkpointing(Action):
     """Rank 0 saves model, optimizer, plan in effect and every rank's exchange state (the
     sparse memory of the optimizer's reducer, gathered to rank 0): when due, after the last
-    epoch, and when the ranks were asked to stop (:mod:`hetgrad.preempt`)."""
+    epoch, and when the ranks were asked to stop (:mod:`hetgrad.preempt`) -- then at the step
+    where they stopped."""
 
     def __init__(self, checkpointer):
         self.checkpointer = checkpointer
 
     def on_epoch_end(self, job, epoch, row):
+        step = job.progress.stopped_at_step     # stopped in the middle of the epoch
         last = epoch + 1 == job.spec.epochs or job.progress.stop_requested
-        if not self.checkpointer.due(epoch + 1, last):
+        if not (step or self.checkpointer.due(epoch + 1, last)):
             return
         states = job.comm.gather(job.reducer.state_dict(), root=0)
         per_rank = states if job.rank == 0 and any(states) else None
-        self.checkpointer.save(epoch + 1, per_rank, plan=job.plan.to_dict())
+        self.checkpointer.save(epoch if step else epoch + 1, per_rank, step=step,
+                               plan=job.plan.to_dict())
 
     def on_train_end(self, job):
         if not job.progress.stop_requested:

@@ -57,9 +57,20 @@ def assemble(spec: RunSpec) -> Run:
         if not same_world and comm.rank == 0:
             print(f"hetgrad: resuming a {len(state['plan']['batches'])}-rank checkpoint on "
                   f"{comm.size} ranks: plan batches {plan.batches}", file=sys.stderr, flush=True)
+    epoch, step = _position(state, plan)
     return Run(spec, comm, spec.model, optimizer, checkpointer,
                _actions(spec, comm, probed, checkpointer), Progress(plan), plan, tuple(probed),
-               probe_time, state["epoch"] if state else 0, spec.device)
+               probe_time, epoch, spec.device, step)
+
+
+def _position(state: dict | None, plan: Plan) -> tuple[int, int]:
+    """Epochs done and steps done of the next, where a resumed run goes on. A checkpoint of
+    another world size saved in an epoch's final step that this one's plan drops (its tail
+    has fewer samples than ranks) goes on at the next epoch."""
+    if state is None:
+        return 0, 0
+    epoch, step = state["epoch"], state.get("step", 0)
+    return (epoch + 1, 0) if step >= plan.steps_per_epoch else (epoch, step)
 
 
 def _resumed(spec: RunSpec, comm) -> dict | None:

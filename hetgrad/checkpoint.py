@@ -2,14 +2,16 @@
 
 Layout of a checkpoint directory::
 
-    ckpt-<epoch>/       tf.train.Checkpoint files (model + optimizer, incl. iterations)
+    ckpt-<epoch>/       tf.train.Checkpoint files (model + optimizer, incl. iterations);
+                        ckpt-<epoch>-<step>/ when saved in the middle of an epoch
       rank-<r>.npz      per-rank state (sparse mode: residuals and selection history)
-    state.json          {"epoch", "checkpoint", "plan", "probe"} -- written last, by rename,
-                        so it always names a complete checkpoint
+    state.json          {"epoch", "step", "checkpoint", "plan", "probe", "job"} -- written
+                        last, by rename, so it always names a complete checkpoint
     final_weights.npz   the model's weights when training ended
 
-Data position is implied: every epoch's order is seeded by (seed, rank, epoch), so resuming
-at epoch k replays exactly the batches an uninterrupted run would have seen.
+The data position is ``(seed, epoch, step)``: epochs done, and steps done of the next one.
+The global order (:mod:`hetgrad.data.order`) depends on nothing else, so resuming there --
+on any number of ranks -- continues exactly the sequence of batches an uninterrupted run sees.
 
 Reading and checking ``state.json`` needs no TensorFlow (the start-up checks do it first);
 TensorFlow is imported when a :class:`Checkpointer` is made.
@@ -32,11 +34,17 @@ from .partition import Plan
 class State:
     """The fields of ``state.json``, which :meth:`Checkpointer.save` writes."""
 
-    epoch: int
+    epoch: int                                   # epochs done
     checkpoint: str
     plan: dict
     probe: list
     job: dict = dc_field(default_factory=dict)   # the job's settings (validate.job_identity)
+    step: int = 0                                # steps done of epoch ``epoch + 1``
+
+
+def checkpoint_name(epoch: int, step: int = 0) -> str:
+    """The directory of the checkpoint after ``epoch`` epochs and ``step`` more steps."""
+    return f"ckpt-{epoch}-{step}" if step else f"ckpt-{epoch}"
 
 
 def read_state(directory: str | os.PathLike) -> dict:
@@ -56,7 +64,7 @@ def checked_state(directory: Path) -> tuple[dict, Plan]:
     except (TypeError, ValueError, KeyError, HetgradError) as exc:
         raise InputFileError(f"{path} is not a hetgrad checkpoint state: {exc}",
                              field="resume") from None
-    if state["checkpoint"] != f"ckpt-{state['epoch']}" or \
+    if state["checkpoint"] != checkpoint_name(state["epoch"], state.get("step", 0)) or \
             not (directory / state["checkpoint"]).is_dir():
         raise InputFileError(f"{path} says epoch {state['epoch']} in {state['checkpoint']}, "
                              "which is missing or of another epoch: the checkpoint directory "
@@ -83,15 +91,17 @@ class Checkpointer:
         """Whether to save after ``epoch`` epochs: every ``every``, and after the ``last``."""
         return self.dir is not None and (epoch % self.every == 0 or last)
 
-    def save(self, epoch: int, per_rank: list[dict] | None = None, **state) -> None:
-        """Write ``ckpt-<epoch>`` under a temporary name, rename it, then commit state.json
-        (``state`` adds to or replaces the fixed state, e.g. the plan for the next epoch).
-        ``per_rank[r]`` (arrays gathered to rank 0) goes to ``ckpt-<epoch>/rank-<r>.npz``."""
+    def save(self, epoch: int, per_rank: list[dict] | None = None, step: int = 0,
+             **state) -> None:
+        """Write the checkpoint after ``epoch`` epochs and ``step`` steps of the next under a
+        temporary name, rename it, then commit state.json (``state`` adds to or replaces the
+        fixed state, e.g. the plan in effect). ``per_rank[r]`` (arrays gathered to rank 0)
+        goes to ``<checkpoint>/rank-<r>.npz``."""
         if self.dir is None or self.rank != 0:
             return
         self.dir.mkdir(parents=True, exist_ok=True)
-        final = self.dir / f"ckpt-{epoch}"
-        tmp = self.dir / f".ckpt-{epoch}.tmp"
+        final = self.dir / checkpoint_name(epoch, step)
+        tmp = self.dir / f".{final.name}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         try:
             self.ckpt.write(str(tmp / "ckpt"))
@@ -101,7 +111,8 @@ class Checkpointer:
             os.replace(tmp, final)
         finally:   # a failed save leaves no half-written directory behind
             shutil.rmtree(tmp, ignore_errors=True)
-        write_json({**self.state, **state, "epoch": epoch, "checkpoint": final.name},
+        write_json({**self.state, **state, "epoch": epoch, "step": step,
+                    "checkpoint": final.name},
                    self.dir / "state.json")
         for old in self.dir.glob("ckpt-*"):
             if old != final:

@@ -6,6 +6,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
+import numpy as np
 import tensorflow as tf
 
 from . import preempt
@@ -28,22 +29,56 @@ class _EpochClock(keras.callbacks.Callback):
         self.seconds = time.perf_counter() - self.t0
 
 
+class _StopCheck(keras.callbacks.Callback):
+    """After every ``every`` steps, one allreduce of a flag: whether any rank was asked to stop
+    (:mod:`hetgrad.preempt`); if one was, every rank ends the epoch there, together
+    (``steps``: the steps this ``model.fit`` ran)."""
+
+    def __init__(self, comm, every: int):
+        super().__init__()
+        self.comm, self.every, self.steps = comm, every, None
+
+    def on_train_begin(self, logs=None):
+        self.steps = None
+
+    def on_train_batch_end(self, batch, logs=None):
+        if (batch + 1) % self.every:
+            return
+        if self.comm.allreduce_sum(np.array([float(preempt.requested())]))[0] > 0:
+            self.steps = batch + 1
+            self.model.stop_training = True
+
+
+# steps between stop checks: an MPI allreduce of one number costs microseconds; Horovod's
+# own collectives (gloo launches) a cycle of its background loop
+STOP_CHECK_EVERY = {"mpi": 1, "local": 1}
+
+
 def run_epochs(job: "Run") -> float:
-    """Train from ``job.start_epoch`` to the spec's epochs (or until a callback sets
-    ``model.stop_training``, e.g. early stopping), with the run's actions around every epoch;
-    returns the wall time. A stop request (:mod:`hetgrad.preempt`) ends it after the epoch's
-    checkpoint with :class:`~hetgrad.preempt.Preempted` on every rank."""
+    """Train from ``job.start_epoch`` (step ``job.start_step``) to the spec's epochs (or until
+    a callback sets ``model.stop_training``, e.g. early stopping), with the run's actions
+    around every epoch; returns the wall time. A stop request (:mod:`hetgrad.preempt`) ends it
+    after the step where the ranks agree on it (or the epoch's end), with its checkpoint, by
+    :class:`~hetgrad.preempt.Preempted` on every rank."""
     broadcast = hk_callbacks.BroadcastGlobalVariablesCallback(0)  # once, at the start
     actions, progress, epochs = job.actions, job.progress, job.spec.epochs
+    check = (_StopCheck(job.comm, STOP_CHECK_EVERY.get(job.comm.kind, 10))
+             if job.checkpointer.dir is not None else None)
     t0 = time.perf_counter()
     with preempt.listening():
         for epoch in range(job.start_epoch, epochs):
+            first = job.start_step if epoch == job.start_epoch else 0
+            progress.first_step = first
             for action in actions:
                 action.on_epoch_begin(job, epoch)
-            callbacks = [broadcast, *(c for a in actions for c in a.callbacks(job))]
-            row = _fit_epoch(job, epoch, callbacks)
-            early, asked = _agree_on_stopping(job)
-            progress.stop_requested = asked and not early and epoch + 1 < epochs
+            callbacks = [broadcast, *(c for a in actions for c in a.callbacks(job)),
+                         *([check] if check else [])]
+            row = _fit_epoch(job, epoch, first, callbacks)
+            if check and check.steps and first + check.steps < job.plan.steps_per_epoch:
+                progress.stopped_at_step = row["stopped_at_step"] = first + check.steps
+            early, asked = _agree_on_stopping(job, bool(check and check.steps))
+            progress.stop_requested = bool(progress.stopped_at_step) or (
+                asked and not early and epoch + 1 < epochs)
             for action in actions:
                 action.on_epoch_end(job, epoch, row)
             progress.epochs.append(row)
@@ -54,15 +89,24 @@ def run_epochs(job: "Run") -> float:
     for action in actions:
         action.on_train_end(job)
     if progress.stop_requested:
-        preempt.stop(progress.epochs[-1]["epoch"], epochs, str(job.checkpointer.dir), job.rank)
+        _stopped(job)
     return time.perf_counter() - t0
 
 
-def _agree_on_stopping(job: "Run") -> tuple[bool, bool]:
+def _stopped(job: "Run"):
+    """Raise :class:`~hetgrad.preempt.Preempted` where the ranks stopped."""
+    step, done = job.progress.stopped_at_step, job.progress.epochs[-1]["epoch"]
+    preempt.stop(done - 1 if step else done, job.spec.epochs, str(job.checkpointer.dir),
+                 job.rank, (step, job.plan.steps_per_epoch) if step else None)
+
+
+def _agree_on_stopping(job: "Run", checked: bool = False) -> tuple[bool, bool]:
     """One allgather per epoch, so every rank stops together: whether any rank's model set
-    ``stop_training`` (early stopping) and whether any rank was asked to stop. A request with
-    no checkpoint directory to save to is ignored (rank 0 says so)."""
-    flags = job.comm.allgather((bool(job.model.stop_training), preempt.requested()))
+    ``stop_training`` (early stopping; not the stop check's own, ``checked``) and whether any
+    rank was asked to stop. A request with no checkpoint directory to save to is ignored
+    (rank 0 says so)."""
+    flags = job.comm.allgather((bool(job.model.stop_training) and not checked,
+                                preempt.requested()))
     early, asked = any(f[0] for f in flags), any(f[1] for f in flags)
     if asked and (job.checkpointer is None or job.checkpointer.dir is None):
         preempt.clear()
@@ -73,16 +117,18 @@ def _agree_on_stopping(job: "Run") -> tuple[bool, bool]:
     return early, asked
 
 
-def _fit_epoch(job: "Run", epoch: int, callbacks: list) -> dict:
-    """One ``model.fit`` epoch on the plan in effect; the epoch's row (metrics over all ranks,
-    averaged before the actions' callbacks see them)."""
+def _fit_epoch(job: "Run", epoch: int, first: int, callbacks: list) -> dict:
+    """One ``model.fit`` epoch (from step ``first``) on the plan in effect; the epoch's row
+    (metrics over all ranks, averaged before the actions' callbacks see them)."""
     clock = _EpochClock()
-    batches = job.batches(epoch)
+    batches = job.batches(epoch, first)
     metrics = hk_callbacks.MetricAverageCallback(job.plan.shard_sizes[job.rank])
+    job.aggregation.step.assign(first)   # where the plan's weights are in the epoch
     try:
         with tf.device(job.device):
             history = job.model.fit(batches, epochs=epoch + 1, initial_epoch=epoch,
-                                    steps_per_epoch=job.plan.steps_per_epoch, verbose=0,
+                                    steps_per_epoch=job.plan.steps_per_epoch - first,
+                                    verbose=0,
                                     validation_data=job.spec.validation,
                                     shuffle=False,  # the pipeline orders each epoch itself
                                     callbacks=[clock, metrics, *callbacks])
@@ -91,7 +137,8 @@ def _fit_epoch(job: "Run", epoch: int, callbacks: list) -> dict:
             raise _nonfinite(job, epoch) from None
         raise
     logs = {k: float(v[-1]) for k, v in history.history.items()}
-    return {"epoch": epoch + 1, **logs, "time_s": clock.seconds}
+    row = {"epoch": epoch + 1, **logs, "time_s": clock.seconds}
+    return {**row, "first_step": first} if first else row
 
 
 def _nonfinite(job: "Run", epoch: int) -> NonFiniteGradientError:

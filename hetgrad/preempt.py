@@ -1,11 +1,11 @@
 """Stop on request with a checkpoint: SIGUSR1 (Slurm's ``--signal=USR1@<seconds>`` before the
-time limit, or ``kill -USR1`` of a launcher that forwards it) asks every rank to finish the
-epoch, save a checkpoint and exit with :data:`EXIT_REQUEUE`, so the job script can requeue
-itself and the next run resumes (``slurm/train.sbatch`` does).
+time limit, or ``kill -USR1`` of a launcher that forwards it) asks every rank to stop after
+the step it is in, save a checkpoint and exit with :data:`EXIT_REQUEUE`, so the job script can
+requeue itself and the next run resumes there (``slurm/train.sbatch`` does).
 
-A signal reaches the ranks at different steps, so the request only takes effect at an epoch
-end, where the loop's one per-epoch allgather (:func:`hetgrad.loop.run_epochs`) makes every
-rank agree on it.
+A signal reaches the ranks at different steps, so the request takes effect where the ranks
+agree on it: after a step (the epoch loop's per-step check, :mod:`hetgrad.loop`), or at an
+epoch end for one that came later in the epoch.
 """
 from __future__ import annotations
 
@@ -73,11 +73,13 @@ class Preempted(SystemExit):
         super().__init__(EXIT_REQUEUE)
 
 
-def stop(epoch: int, num_epochs: int, directory: str, rank: int) -> NoReturn:
-    """Raise :class:`Preempted` after ``epoch``'s checkpoint in ``directory``; rank 0 says
-    where it is and how to go on."""
+def stop(epoch: int, num_epochs: int, directory: str, rank: int,
+         step: tuple[int, int] | None = None) -> NoReturn:
+    """Raise :class:`Preempted` after the checkpoint in ``directory`` of ``epoch`` epochs (and
+    ``step = (k, steps)``: ``k`` steps of the next); rank 0 says where and how to go on."""
     if rank == 0:
-        print(f"hetgrad: stopped by {STOP_SIGNAL.name} after epoch {epoch}/{num_epochs}; "
-              f"checkpoint in {directory}, resume to continue (exit {EXIT_REQUEUE})",
-              file=sys.stderr, flush=True)
+        where = (f"at step {step[0]}/{step[1]} of epoch {epoch + 1}/{num_epochs}" if step
+                 else f"after epoch {epoch}/{num_epochs}")
+        print(f"hetgrad: stopped by {STOP_SIGNAL.name} {where}; checkpoint in {directory}, "
+              f"resume to continue (exit {EXIT_REQUEUE})", file=sys.stderr, flush=True)
     raise Preempted(epoch, directory)

@@ -71,19 +71,24 @@ class RunSpec:
 @dataclass
 class Progress:
     """What changes while a run trains: the plan in effect (a re-plan replaces it), the
-    epochs done (their record rows), the sparse exchange's per-step log, and whether the
-    ranks agreed to stop (:mod:`hetgrad.preempt`)."""
+    epochs done (their record rows), the sparse exchange's per-step log, the step the epoch
+    in progress started at (not 0 when resumed mid-epoch), and whether the ranks agreed to
+    stop (:mod:`hetgrad.preempt`) -- with ``stopped_at_step`` the step of the epoch where
+    they did, 0 at its end."""
 
     plan: "Plan"
     epochs: list[dict] = field(default_factory=list)
     sparse_steps: list[dict] = field(default_factory=list)
+    first_step: int = 0
     stop_requested: bool = False
+    stopped_at_step: int = 0
 
 
 @dataclass(frozen=True)
 class Run:
-    """An assembled run: what the loop and the actions read. ``start_epoch``: epochs done
-    before (resumed); ``probe``: every rank's step model (empty with a given plan)."""
+    """An assembled run: what the loop and the actions read. ``start_epoch``, ``start_step``:
+    epochs done before (resumed) and steps done of the next; ``probe``: every rank's step
+    model (empty with a given plan)."""
 
     spec: RunSpec
     comm: Any
@@ -97,6 +102,7 @@ class Run:
     probe_time_s: float = 0.0
     start_epoch: int = 0
     device: str = ""
+    start_step: int = 0
 
     @property
     def rank(self) -> int:
@@ -118,7 +124,8 @@ class Run:
     def reducer(self):
         return self.aggregation.reducer
 
-    def batches(self, epoch: int) -> "tf.data.Dataset":
-        """This rank's batches of ``epoch`` under the plan in effect."""
+    def batches(self, epoch: int, first_step: int = 0) -> "tf.data.Dataset":
+        """This rank's batches of ``epoch`` from ``first_step`` under the plan in effect."""
         from .data.reader import rank_batches
-        return rank_batches(self.spec.data, self.plan, self.rank, self.spec.seed, epoch)
+        return rank_batches(self.spec.data, self.plan, self.rank, self.spec.seed, epoch,
+                            first_step)

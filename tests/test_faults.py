@@ -107,14 +107,17 @@ def test_stuck_rank_hits_the_step_timeout(world2, tmp_path):
     _resumes(world2, tmp_path, ckpt)
 
 
-def test_sigusr1_checkpoints_at_the_epoch_end_and_exits_75(world2, tmp_path):
-    """What Slurm's --signal=USR1@T sends before the time limit (mpirun forwards it)."""
+def test_sigusr1_checkpoints_at_the_next_step_and_exits_75(world2, tmp_path):
+    """What Slurm's --signal=USR1@T sends before the time limit (mpirun forwards it): the
+    ranks stop after the step where they agree on it, save there and exit 75."""
     proc, ckpt = _start(tmp_path)
     proc.send_signal(signal.SIGUSR1)
     _, err = proc.communicate(timeout=90)
     assert proc.returncode == 75, err[-3000:]
-    epoch = json.loads((ckpt / "state.json").read_text())["epoch"]
-    assert f"hetgrad: stopped by SIGUSR1 after epoch {epoch}/400; checkpoint in {ckpt}" in err
+    state = json.loads((ckpt / "state.json").read_text())
+    where = (f"at step {state['step']}/{state['plan']['steps_per_epoch']} of epoch "
+             f"{state['epoch'] + 1}/400" if state["step"] else f"after epoch {state['epoch']}/400")
+    assert f"hetgrad: stopped by SIGUSR1 {where}; checkpoint in {ckpt}" in err, err[-3000:]
     assert not (ckpt / "final_weights.npz").exists()
     _resumes(world2, tmp_path, ckpt)
 
@@ -134,15 +137,17 @@ def _sigusr1_during_the_probe(args: list[str]) -> subprocess.Popen:
     return proc
 
 
-def test_sigusr1_during_the_probe_stops_train_after_the_first_epoch(tmp_path):
-    """A stop request before training starts is kept, not fatal: epoch 1 ends, its
+def test_sigusr1_during_the_probe_stops_train_after_the_first_step(tmp_path):
+    """A stop request before training starts is kept, not fatal: the first step ends, its
     checkpoint is saved, exit 75 (Slurm's signal may come at any time)."""
     ckpt = tmp_path / "ckpt"
     proc = _sigusr1_during_the_probe(["train", "--epochs", "400", "--checkpoint-dir", str(ckpt),
                                       "--out", str(tmp_path / "r.json")])
     assert proc.returncode == 75, proc.err[-3000:]
-    assert f"hetgrad: stopped by SIGUSR1 after epoch 1/400; checkpoint in {ckpt}" in proc.err
-    assert json.loads((ckpt / "state.json").read_text())["epoch"] == 1
+    state = json.loads((ckpt / "state.json").read_text())
+    assert (state["epoch"], state["step"]) == (0, 1), state
+    assert (f"hetgrad: stopped by SIGUSR1 at step 1/{state['plan']['steps_per_epoch']} of "
+            f"epoch 1/400; checkpoint in {ckpt}") in proc.err, proc.err[-3000:]
 
 
 def test_sigusr1_during_hetgrad_probe_saves_it_and_exits_75(tmp_path):

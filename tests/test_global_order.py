@@ -31,6 +31,25 @@ def test_a_checkpoint_of_two_ranks_resumes_on_three(world2, world3, tmp_path):
     assert "resuming a 2-rank checkpoint on 3 ranks" in resumed.stderr[0]
 
 
+def test_stopped_mid_epoch_and_resumed_is_bit_identical(world3, tmp_path):
+    """A stop request reaching one rank after step 4 of epoch 2: every rank stops there
+    together, saves, exits 75; the resumed run ends exactly where the straight one does."""
+    r = world3.run("global_order:stopped_and_resumed", str(tmp_path / "ckpt"), 3, 1, 4).root
+    assert (r["exit"], r["epoch"], r["step"], r["checkpoint"]) == (75, 1, 4, "ckpt-1-4"), r
+    assert r["resumed_epochs"] == [1, 2], r
+    assert r["vs_straight"] == 0.0, r
+    assert r["vs_one_process"] < 1e-5, r
+
+
+def test_stopped_mid_epoch_on_two_ranks_resumes_on_three(world2, world3, tmp_path):
+    ckpt = str(tmp_path / "ckpt")
+    stop = world2.run("global_order:stopped_in_epoch", ckpt, 3, 1, 6).root
+    assert (stop["exit"], stop["epoch"], stop["step"]) == (75, 1, 6), stop
+    resumed = world3.run("global_order:resumed_on", ckpt, 3, 11)
+    assert resumed.root["epochs"] == [1, 2], resumed.root
+    assert resumed.root["vs_one_process"] < 1e-5, resumed.root
+
+
 def test_hk_fit_refuses_to_resume_with_another_setting(world2, tmp_path):
     ckpt = str(tmp_path / "ckpt")
     world2.run("global_order:resumed_on", ckpt, 1)

@@ -1,6 +1,12 @@
 """The global order on real ranks (cases of a test world, tests/world.py): every sample once per
 epoch, and the same weights from one process, from uneven ranks, from a run re-planned in the
-middle of an epoch and from a checkpoint resumed on another number of ranks."""
+middle of an epoch, from a run stopped in the middle of an epoch and resumed, and from a
+checkpoint resumed on another number of ranks."""
+import json
+import os
+import signal
+from pathlib import Path
+
 import numpy as np
 import tensorflow as tf
 
@@ -10,6 +16,7 @@ from hetgrad.compat import keras
 from hetgrad.data import ArraySource
 from hetgrad.data.reader import rank_batches
 from hetgrad.errors import HetgradError
+from hetgrad.preempt import Preempted
 
 N, B, SEED, LR = 200, 24, 5, 0.3          # 9 steps an epoch, the last one 8 samples
 
@@ -146,3 +153,55 @@ def refused_resume(ckpt: str) -> str:
     except HetgradError as exc:
         return str(exc)
     return "no error"
+
+
+class _SignalAt(keras.callbacks.Callback):
+    """SIGUSR1 to this process after step ``step`` of epoch ``epoch``, on rank ``rank`` only: a
+    stop request that reaches one rank in the middle of an epoch."""
+
+    def __init__(self, epoch: int, step: int, rank: int):
+        super().__init__()
+        self.epoch, self.step, self.rank, self.now = epoch, step, rank, 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.now = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if (self.now, batch + 1) == (self.epoch, self.step) and hetgrad.init().rank == self.rank:
+            os.kill(os.getpid(), signal.SIGUSR1)
+
+
+def _fit(model, epochs: int, **kw):
+    x, y = _data()
+    size = hetgrad.init().size
+    return hk.fit(model, x, y, global_batch=B, epochs=epochs, rebalance=False, seed=SEED,
+                  plan=hetgrad.make_plan([1.0 + r for r in range(size)], B, N), verbose=0, **kw)
+
+
+def stopped_in_epoch(ckpt: str, epochs: int, epoch: int, step: int) -> dict:
+    """hk.fit with checkpoints in ``ckpt``, asked to stop by a signal to the last rank after
+    step ``step`` of epoch ``epoch`` (0-based): the exit code and the saved state."""
+    try:
+        _fit(_model(), epochs, checkpoint_dir=ckpt,
+             callbacks=[_SignalAt(epoch, step, hetgrad.init().size - 1)])
+        code = None
+    except Preempted as exc:
+        code = exc.code
+    state = json.loads((Path(ckpt) / "state.json").read_text())
+    return {"exit": code, "epoch": state["epoch"], "step": state["step"],
+            "checkpoint": state["checkpoint"]}
+
+
+def stopped_and_resumed(ckpt: str, epochs: int, epoch: int, step: int) -> dict:
+    """The same run three ways on these ranks: straight through, stopped after step ``step``
+    of epoch ``epoch`` (:func:`stopped_in_epoch`), and resumed from that checkpoint into a
+    model of other initial weights: the stop and how far the resumed weights are from the
+    straight run's (bit for bit: 0.0) and from one process."""
+    straight = _model()
+    _fit(straight, epochs)
+    stop = stopped_in_epoch(ckpt, epochs, epoch, step)
+    resumed = _model(seed=11)
+    hist = _fit(resumed, epochs, checkpoint_dir=ckpt, resume=True)
+    return {**stop, "resumed_epochs": hist.epoch,
+            "vs_straight": float(np.max(np.abs(_flat(resumed) - _flat(straight)))),
+            "vs_one_process": float(np.max(np.abs(_flat(resumed) - reference(epochs))))}
