@@ -15,8 +15,8 @@ from hetgrad.runtime import fail_fast
 clean = Run.batches
 
 
-def poisoned(run, epoch):
-    ds = clean(run, epoch)
+def poisoned(run, epoch, first_step=0):
+    ds = clean(run, epoch, first_step)
     if run.rank == 1 and epoch == 1:
         return ds.map(lambda x, y: (x * np.float32(np.nan), y))
     return ds
