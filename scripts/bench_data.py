@@ -5,8 +5,8 @@
   sampled from /proc for --seconds, then stopped (an epoch of 2 M samples is not needed to
   reach the steady state);
 - epoch: the demo's task (digits, 3 ranks, emulated speeds 1,2,4) from memory and from
-  records, interleaved, --repeats each: epoch time, and the reader alone against what
-  training consumes per rank;
+  records, interleaved (a fresh random order every repeat: bench/schedule.py), --repeats
+  each: epoch time, and the reader alone against what training consumes per rank;
 - convert: 1 GB of TFRecord files (10 KB records) converted by 2 ranks, against one pass of
   reading them.
 
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import statistics
 import subprocess
@@ -26,18 +25,13 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from hetgrad.data.records import FORMAT  # noqa: E402
-from hetgrad.data.writer import ShardWriter  # noqa: E402
+from bench import ROOT, records, results
+from bench.launch import mpirun, run, train, train_cmd
+from bench.schedule import interleaved
+from hetgrad.data.records import FORMAT
+from hetgrad.data.writer import ShardWriter
 
 SAMPLE = (32, 32, 3)                       # 3 KB uint8 images, 10 classes
-HG = [sys.executable, "-m", "hetgrad.cli"]
-
-
-def mpirun(n: int, args: list[str]) -> list[str]:
-    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
-    return ["mpirun", "-np", str(n), "--oversubscribe", "--bind-to", "none", *root, *args]
 
 
 def synthetic_records(path: Path, gigabytes: float, shard: int = 16384) -> Path:
@@ -90,9 +84,8 @@ def _ranks(launcher: int) -> list[int]:
 
 def peak_memory(data: str, seconds: float, work: Path) -> dict:
     """Per-rank peaks (GB) of a 3-rank `hetgrad train` on ``data`` over ``seconds``."""
-    cmd = mpirun(3, [*HG, "train", "--data", data, "--model", "mlp", "--speeds", "1,1,1",
-                     "--epochs", "1", "--probe-steps", "2", "--quiet",
-                     "--out", str(work / "memory-run.json")])
+    cmd = train_cmd(3, ["--data", data, "--model", "mlp", "--speeds", "1,1,1", "--epochs", "1",
+                        "--probe-steps", "2"], work / "memory-run.json")
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     peaks: dict[int, dict] = {}
     t0 = time.monotonic()
@@ -128,34 +121,30 @@ def memory(work: Path, seconds: float) -> dict:
 
 def epoch_times(work: Path, repeats: int) -> dict:
     """The demo's task from memory and from records, interleaved: median epoch seconds."""
-    records = work / "digits-records"
-    if not (records / "manifest.json").is_file():
-        subprocess.run([*HG, "data", "convert", str(ROOT / "hetgrad/datasets/digits.npz"),
-                        str(records)], check=True, capture_output=True)
-    arms = {"memory": "digits", "records": str(records)}
+    data = work / "digits-records"
+    if not (data / "manifest.json").is_file():
+        run([sys.executable, "-m", "hetgrad.cli", "data", "convert",
+             str(ROOT / "hetgrad/datasets/digits.npz"), str(data)])
+    arms = {"memory": "digits", "records": str(data)}
     runs: dict[str, list] = {arm: [] for arm in arms}
-    for r in range(repeats):
-        for arm in (list(arms) if r % 2 == 0 else list(reversed(arms))):
-            out = work / f"epoch-{arm}-{r}.json"
-            subprocess.run(mpirun(3, [*HG, "train", "--data", arms[arm], "--emulate-speeds",
-                                      "1,2,4", "--epochs", "8", "--quiet", "--out", str(out)]),
-                           check=True, capture_output=True)
-            rec = json.loads(out.read_text())
-            runs[arm].append({"epoch_s": statistics.median(e["time_s"] for e in rec["epochs"][1:]),
-                              "samples_per_s": rec["samples_per_s"],
-                              "batches": rec["plan"]["batches"]})
+    for r, arm in interleaved(list(arms), repeats):
+        rec = train(3, ["--data", arms[arm], "--emulate-speeds", "1,2,4", "--epochs", "8"],
+                    work / f"epoch-{arm}-{r}.json")
+        runs[arm].append({"epoch_s": records.epoch_s(rec), "samples_per_s": rec["samples_per_s"],
+                          "batches": rec["plan"]["batches"]})
     med = {arm: statistics.median(x["epoch_s"] for x in v) for arm, v in runs.items()}
-    return {"runs": runs, "median_epoch_s": med, "records_over_memory": med["records"] / med["memory"],
-            "reader": reader_throughput(records, runs["records"])}
+    return {"runs": runs, "median_epoch_s": med,
+            "records_over_memory": med["records"] / med["memory"],
+            "reader": reader_throughput(data, runs["records"])}
 
 
-def reader_throughput(records: Path, runs: list) -> dict:
+def reader_throughput(path: Path, runs: list) -> dict:
     """Each rank's slices read alone (one process, an epoch, 3 times) against what training
     consumed on that rank (its share of the run's samples/s)."""
     from hetgrad.data import load
     from hetgrad.data.reader import rank_batches
     from hetgrad.partition import fixed_plan
-    source = load(str(records)).train
+    source = load(str(path)).train
     batches = runs[0]["batches"]
     plan = fixed_plan(batches, len(source))
     out = []
@@ -209,9 +198,8 @@ def convert_time(work: Path, gigabytes: float) -> dict:
     out = work / "converted"
     subprocess.run(["rm", "-rf", str(out)], check=True)
     t0 = time.perf_counter()
-    subprocess.run(mpirun(2, [*HG, "data", "convert", str(d / "*.tfrecord"), str(out),
-                              "--parse", "benchparse:parse"]), check=True, cwd=work,
-                   capture_output=True)
+    run(mpirun(2, ["data", "convert", str(d / "*.tfrecord"), str(out),
+                   "--parse", "benchparse:parse"]), cwd=work)
     convert_s = time.perf_counter() - t0
     return {"bytes": size, "records": n, "read_once_s": read_s, "convert_2_ranks_s": convert_s,
             "convert_mb_per_s": size / 1e6 / convert_s}
@@ -228,12 +216,12 @@ def main() -> None:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     out = Path(args.out)
-    result = json.loads(out.read_text()) if out.is_file() else {}
+    result = results.load(out, {})
     for part in args.only.split(","):
         result[part] = {"memory": lambda: memory(work, args.seconds),
                         "epoch": lambda: epoch_times(work, args.repeats),
                         "convert": lambda: convert_time(work, 1.0)}[part]()
-        out.write_text(json.dumps(result, indent=2))
+        results.save(result, out)
         print(f"{part}: done -> {out}", flush=True)
 
 

@@ -26,6 +26,12 @@ import time
 
 import numpy as np
 
+from bench import results
+from bench.schedule import rounds
+from bench.tables import markdown
+
+ORDER_SEED = 12345   # the arms' order per round: the same on every rank
+
 WEIGHTS = {"plan": "plan", "samples": "samples", "float": None}
 
 
@@ -93,8 +99,7 @@ def bootstrap_ci(values: list[float], reps: int = 2000, seed: int = 0) -> tuple[
 def table(paths: list[str]) -> str:
     """Markdown: per file (size, ranks) and arm, the median ratio to Horovod, its IQR and the
     95 % bootstrap interval of the median."""
-    lines = ["| params | ranks | rounds × steps | Horovod step (ms) | arm | median ratio | IQR | "
-             "95 % CI of median |", "|---|---|---|---|---|---|---|---|"]
+    rows = []
     for path in paths:
         with open(path) as f:
             d = json.load(f)
@@ -103,12 +108,13 @@ def table(paths: list[str]) -> str:
                 continue
             lo, hi = bootstrap_ci(ratios)
             q1, q3 = d["ratio_iqr"][arm]
-            lines.append(f"| {d['params'] / 1e6:.1f} M | {d['ranks']} | "
-                         f"{d['rounds']} × {d['steps_per_block']} | "
-                         f"{1e3 * d['median_step_s']['horovod']:.1f} | {arm} | "
-                         f"{d['ratio_median'][arm]:.3f} | {q1:.3f}-{q3:.3f} | "
-                         f"{lo:.3f}-{hi:.3f} |")
-    return "\n".join(lines)
+            rows.append([f"{d['params'] / 1e6:.1f} M", d["ranks"],
+                         f"{d['rounds']} × {d['steps_per_block']}",
+                         f"{1e3 * d['median_step_s']['horovod']:.1f}", arm,
+                         f"{d['ratio_median'][arm]:.3f}", f"{q1:.3f}-{q3:.3f}",
+                         f"{lo:.3f}-{hi:.3f}"])
+    return markdown(["params", "ranks", "rounds × steps", "Horovod step (ms)", "arm",
+                     "median ratio", "IQR", "95 % CI of median"], rows)
 
 
 def main() -> None:
@@ -157,11 +163,8 @@ def main() -> None:
     for k in kinds:  # trace, first steps
         steppers[k].block(args.steps_per_execution)
     per_step = {k: [] for k in kinds}
-    shuffle = np.random.default_rng(12345)   # the same order on every rank
-    for r in range(args.warmup + args.rounds):
-        # a fresh random order every round: a turning order made each arm always follow the
-        # same other arm, and whatever one arm leaves behind slowed the next systematically
-        order = list(shuffle.permutation(kinds))
+    # a fresh random order every round (bench/schedule.py says why), the same on every rank
+    for order in rounds(kinds, args.warmup + args.rounds, seed=ORDER_SEED):
         for k in order:
             per_step[k].append(steppers[k].block(args.steps))
     if hvd.rank() == 0:
@@ -181,8 +184,7 @@ def write(args, params: int, size: int, kinds: list[str], per_step: dict) -> Non
            "ratio_median": {k: statistics.median(v) for k, v in ratios.items()},
            "ratio_iqr": {k: iqr(v) for k, v in ratios.items()},
            "ratios": ratios, "step_s": per_step}
-    with open(args.out, "w") as f:
-        json.dump(out, f, indent=1)
+    results.save(out, args.out, indent=1)
     print(json.dumps({k: out[k] for k in ("ranks", "params", "ratio_median", "ratio_iqr")},
                      indent=1))
 

@@ -3,12 +3,13 @@
 
 Launches ``hetgrad train`` on local ranks (mpirun) with an emulated speed schedule in which one
 rank becomes slower part-way through, once with the plan fixed and once with ``--rebalance``,
-alternating the order over repeats so machine noise hits both alike. Per epoch it compares the
-achieved throughput (samples / epoch time) with the *ideal* of that epoch, the sum over ranks
-of the speed each rank showed while busy (``samples_i / busy_i``, measured by the train step):
-what the job would reach if no rank ever waited or communicated. A third arm, ``oracle``, runs
-at the post-change speeds from the start (probe -> plan for them, no rebalance): the best a
-plan made with foresight does. Writes JSON and a plot.
+in a fresh random order every repeat (``bench/schedule.py``) so machine noise hits both alike.
+Per epoch it compares the achieved throughput (samples / epoch time) with the *ideal* of that
+epoch, the sum over ranks of the speed each rank showed while busy (``samples_i / busy_i``,
+measured by the train step): what the job would reach if no rank ever waited or communicated.
+A third arm, ``oracle``, runs at the post-change speeds from the start (probe -> plan for them,
+no rebalance): the best a plan made with foresight does. Writes JSON (after every scenario)
+and a plot.
 
     .venv/bin/python scripts/bench_rebalance.py --out results/bench_rebalance.json
 """
@@ -17,34 +18,26 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench import ROOT, figures, results
+from bench.launch import train
+from bench.schedule import interleaved
 
 SCENARIOS = {  # name: (schedule, epoch index from which the change applies)
     "equal-then-rank1-4x-slower": ("1,1,1;3:1,0.25,1", 3),
     "hetero-then-fastest-4x-slower": ("1,2,4;3:1,2,1", 3),
 }
-
-
 MODES = ("static", "rebalance", "oracle")
 
 
 def run(np_: int, schedule: str, epochs: int, unit: float, seed: int, rebalance: bool,
         out: Path) -> dict:
-    from hetgrad.cli import mpirun_command
-    args = ["train", "--emulate-speeds", schedule, "--emulate-unit", str(unit),
-            "--epochs", str(epochs), "--seed", str(seed), "--quiet", "--out", str(out)]
-    if rebalance:
-        args.append("--rebalance")
-    p = subprocess.run(mpirun_command(np_, args), capture_output=True, text=True, timeout=900)
-    if p.returncode != 0:
-        raise SystemExit(f"bench_rebalance: run failed:\n{p.stderr[-3000:]}")
-    return json.loads(out.read_text())
+    """One ``hetgrad train`` run under the emulated speed ``schedule``: its record."""
+    args = ["--emulate-speeds", schedule, "--emulate-unit", str(unit),
+            "--epochs", str(epochs), "--seed", str(seed)]
+    return train(np_, [*args, "--rebalance"] if rebalance else args, out)
 
 
 def per_epoch(rec: dict) -> list[dict]:
@@ -62,16 +55,14 @@ def per_epoch(rec: dict) -> list[dict]:
 
 
 def plot(result: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """Per scenario, each mode's fraction of the ideal per epoch (mean over repeats)."""
     names = list(result["scenarios"])
-    fig, axes = plt.subplots(1, len(names), figsize=(6 * len(names), 4), squeeze=False)
-    for ax, name in zip(axes[0], names):
+    fig, axes = figures.panels(len(names), 6, 4)
+    for ax, name in zip(axes, names):
         sc = result["scenarios"][name]
         for mode, style in (("static", "o-"), ("rebalance", "s-"), ("oracle", "^:")):
-            curves = [[r["fraction_of_ideal"] for r in rows] for rows in sc["runs"][mode]]
-            mean = [statistics.mean(c) for c in zip(*curves)]
+            mean = figures.mean_curve([[r["fraction_of_ideal"] for r in rows]
+                                       for rows in sc["runs"][mode]])
             ax.plot(range(1, len(mean) + 1), mean, style, label=mode)
         ax.axvline(sc["change_epoch"] + 0.5, color="grey", ls=":", label="slowdown")
         ax.axhline(0.9, color="grey", ls="--", lw=0.8, label="90% of ideal")
@@ -80,9 +71,47 @@ def plot(result: dict, path: Path) -> None:
         ax.set_ylabel("throughput / ideal of that epoch")
         ax.set_title(f"{name}\n{sc['schedule']}")
         ax.legend(loc="lower left", fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    figures.save(fig, path)
+
+
+def scenario(name: str, args: argparse.Namespace, tmp: Path) -> dict:
+    """Every mode ``--repeats`` times (seed = repeat), interleaved, and the summary."""
+    schedule, change = SCENARIOS[name]
+    after_change = schedule.split(";")[1].split(":")[1]
+    runs: dict[str, list] = {m: [] for m in MODES}
+    for rep, mode in interleaved(MODES, args.repeats):
+        rec = run(args.np_, after_change if mode == "oracle" else schedule, args.epochs,
+                  args.unit, rep, mode == "rebalance", tmp / f"{name}-{mode}-{rep}.json")
+        runs[mode].append(per_epoch(rec))
+        print(f"{name} {mode} seed {rep}: "
+              + " ".join(f"{r['fraction_of_ideal']:.2f}" for r in runs[mode][-1]), flush=True)
+    # the plan can change after the slowed epoch is measured: judge the epochs after it
+    after = range(change + 1, args.epochs)
+    return {"schedule": schedule, "change_epoch": change,
+            "judged_epochs": [e + 1 for e in after], "summary": summarize(runs, after),
+            "runs": runs}
+
+
+def summarize(runs: dict[str, list], after: range) -> dict:
+    """Per mode, the judged epochs' fraction of the ideal, throughput and final accuracy;
+    the modes' throughput ratios, and which are within 10 % of the ideal and the oracle."""
+    summary = {}
+    for mode, recs in runs.items():
+        fr = [rows[e]["fraction_of_ideal"] for rows in recs for e in after]
+        thr = [rows[e]["samples_per_s"] for rows in recs for e in after]
+        summary[mode] = {"fraction_of_ideal_mean": statistics.mean(fr),
+                         "fraction_of_ideal_min": min(fr),
+                         "samples_per_s_mean": statistics.mean(thr),
+                         "final_test_accuracy_mean": statistics.mean(
+                             rows[-1]["test_accuracy"] for rows in recs)}
+    thr = {m: summary[m]["samples_per_s_mean"] for m in MODES}
+    summary["rebalance_over_static_throughput"] = thr["rebalance"] / thr["static"]
+    summary["rebalance_over_oracle_throughput"] = thr["rebalance"] / thr["oracle"]
+    summary["static_over_oracle_throughput"] = thr["static"] / thr["oracle"]
+    for m in ("static", "rebalance"):
+        summary[f"{m}_within_10pct_of_ideal"] = summary[m]["fraction_of_ideal_mean"] >= 0.9
+        summary[f"{m}_within_10pct_of_oracle"] = thr[m] / thr["oracle"] >= 0.9
+    return summary
 
 
 def main() -> None:
@@ -98,44 +127,11 @@ def main() -> None:
     result = {"ranks": args.np_, "epochs": args.epochs, "emulate_unit": args.unit,
               "repeats": args.repeats, "scenarios": {}}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, (schedule, change) in SCENARIOS.items():
-            runs: dict[str, list] = {m: [] for m in MODES}
-            after_change = schedule.split(";")[1].split(":")[1]
-            for rep in range(args.repeats):
-                for mode in MODES if rep % 2 == 0 else MODES[::-1]:
-                    rec = run(args.np_, after_change if mode == "oracle" else schedule,
-                              args.epochs, args.unit, rep, mode == "rebalance",
-                              Path(tmp) / f"{name}-{mode}-{rep}.json")
-                    runs[mode].append(per_epoch(rec))
-                    print(f"{name} {mode} seed {rep}: "
-                          + " ".join(f"{r['fraction_of_ideal']:.2f}" for r in runs[mode][-1]),
-                          flush=True)
-            # the plan can change after the slowed epoch is measured: judge the epochs after it
-            after = range(change + 1, args.epochs)
-            summary = {}
-            for mode, recs in runs.items():
-                fr = [rows[e]["fraction_of_ideal"] for rows in recs for e in after]
-                thr = [rows[e]["samples_per_s"] for rows in recs for e in after]
-                summary[mode] = {"fraction_of_ideal_mean": statistics.mean(fr),
-                                 "fraction_of_ideal_min": min(fr),
-                                 "samples_per_s_mean": statistics.mean(thr),
-                                 "final_test_accuracy_mean": statistics.mean(
-                                     rows[-1]["test_accuracy"] for rows in recs)}
-            thr = {m: summary[m]["samples_per_s_mean"] for m in MODES}
-            summary["rebalance_over_static_throughput"] = thr["rebalance"] / thr["static"]
-            summary["rebalance_over_oracle_throughput"] = thr["rebalance"] / thr["oracle"]
-            summary["static_over_oracle_throughput"] = thr["static"] / thr["oracle"]
-            for m in ("static", "rebalance"):
-                summary[f"{m}_within_10pct_of_ideal"] = (
-                    summary[m]["fraction_of_ideal_mean"] >= 0.9)
-                summary[f"{m}_within_10pct_of_oracle"] = thr[m] / thr["oracle"] >= 0.9
-            result["scenarios"][name] = {"schedule": schedule, "change_epoch": change,
-                                         "judged_epochs": [e + 1 for e in after],
-                                         "summary": summary, "runs": runs}
-            print(name, json.dumps(summary, indent=2), flush=True)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
-    plot(result, ROOT / args.plot if not Path(args.plot).is_absolute() else Path(args.plot))
+        for name in SCENARIOS:
+            result["scenarios"][name] = scenario(name, args, Path(tmp))
+            print(name, json.dumps(result["scenarios"][name]["summary"], indent=2), flush=True)
+            results.save(result, args.out)
+    plot(result, ROOT / args.plot)
     print(f"bench_rebalance: {args.out}, {args.plot}")
 
 

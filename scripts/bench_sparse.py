@@ -5,8 +5,9 @@ wall-clock time, on shared memory or on MPI over TCP on loopback shaped to a slo
 Every run is `hetgrad train` under mpirun (equal speeds, fixed plan). Arms: ``dense`` and
 ``POLICY/EXCHANGE`` (topk, recent, sticky x allgather, union) and ``leader``; all sparse arms
 with the same DGC options (momentum correction, density warm-up). Runs are interleaved:
-for each seed, for each rank count, every arm once, the arm order turned every time. The
-JSON is rewritten after every run and a rerun skips what it holds (resumable).
+for each seed, for each rank count, every arm once, in a fresh random order every time
+(``bench/schedule.py``). The JSON is rewritten after every run and a rerun skips what it
+holds (resumable).
 
     # shared memory, digits MLP
     .venv/bin/python scripts/bench_sparse.py --out results/bench_sparse_shm.json
@@ -22,22 +23,20 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import shlex
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
-from hetgrad.cli import mpirun_command  # noqa: E402
-from sparse_report import report  # noqa: E402
+from bench import records
+from bench.launch import train
+from bench.results import Rows
+from bench.schedule import rounds
+from sparse_report import report
 
 ARMS = ["dense", "topk/allgather", "topk/union", "recent/allgather", "recent/union",
         "sticky/allgather", "sticky/union", "leader"]
@@ -83,17 +82,11 @@ def run_one(np_: int, arm: str, seed: int, args, tcp: bool) -> dict:
     """One `hetgrad train` run; the row this benchmark keeps of its record."""
     epochs = args.sparse_epochs if arm != "dense" and args.sparse_epochs else args.epochs
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "run.json"
-        train = ["train", "--quiet", "--out", str(out), "--speeds", ",".join(["1"] * np_),
-                 "--epochs", str(epochs), "--data", args.data, "--model", args.model,
-                 "-B", str(args.global_batch), "--lr", str(args.lr), "--seed", str(seed),
-                 *arm_args(arm, args)]
-        cmd = mpirun_command(np_, train, TCP if tcp else [])
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=5400)
-        if proc.returncode:
-            raise SystemExit(f"failed: {' '.join(cmd)}\n{proc.stderr[-3000:]}")
-        rec = json.loads(out.read_text())
+        rec = train(np_, ["--speeds", ",".join(["1"] * np_), "--epochs", str(epochs),
+                          "--data", args.data, "--model", args.model,
+                          "-B", str(args.global_batch), "--lr", str(args.lr),
+                          "--seed", str(seed), *arm_args(arm, args)],
+                    Path(tmp) / "run.json", mpirun_args=TCP if tcp else [])
     return summarize(rec, np_, arm, seed)
 
 
@@ -101,27 +94,20 @@ def summarize(rec: dict, np_: int, arm: str, seed: int) -> dict:
     """Step time, k, |U| and bytes at the target density: epochs after the warm-up (and
     after the first, which traces the step); accuracy after every epoch."""
     skip = max(1, rec["config"]["density_warmup"])
-    steady = [e["time_s"] for e in rec["epochs"][skip:]]
-    row = {"ranks": np_, "arm": arm, "seed": seed,
-           "step_s": statistics.median(steady) / rec["plan"]["steps_per_epoch"],
-           "final_test_accuracy": rec["final_test_accuracy"],
-           "curve": [[e["time_s"], e["test_accuracy"]] for e in rec["epochs"]],
-           "wall_time_s": rec["wall_time_s"],
-           "sparse_config": {k: rec["config"].get(k) for k in SPARSE_KEYS}}
-    late = [r for r in rec.get("sparse_steps", []) if r["epoch"] > skip]
-    for key in ("k", "union", "buildup", "bytes_sent", "bytes_received"):
-        if late:
-            row[key] = statistics.fmean(r[key] for r in late)
-    return row
+    return {"ranks": np_, "arm": arm, "seed": seed, "step_s": records.step_s(rec, skip),
+            "final_test_accuracy": rec["final_test_accuracy"],
+            "curve": [[e["time_s"], e["test_accuracy"]] for e in rec["epochs"]],
+            "wall_time_s": rec["wall_time_s"],
+            "sparse_config": {k: rec["config"].get(k) for k in SPARSE_KEYS},
+            **records.sparse_means(rec, skip)}
 
 
 def schedule(ranks: list[int], seeds: list[int], arms: list[str]):
-    """(ranks, arm, seed) in interleaved order: the arm order turns at every block."""
-    turn = 0
-    for seed in seeds:
-        for np_ in ranks:
-            yield from ((np_, arms[(turn + i) % len(arms)], seed) for i in range(len(arms)))
-            turn += 1
+    """(ranks, arm, seed) in interleaved order: every (seed, ranks) block runs each arm once,
+    in its own random order (the same on every rerun, so a resumed run keeps it)."""
+    blocks = [(seed, np_) for seed in seeds for np_ in ranks]
+    for (seed, np_), order in zip(blocks, rounds(arms, len(blocks))):
+        yield from ((np_, arm, seed) for arm in order)
 
 
 def main() -> None:
@@ -145,23 +131,18 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--report", metavar="PREFIX", help="only write tables/plots from --out")
     args = ap.parse_args()
-    out = Path(args.out)
-    data = json.loads(out.read_text()) if out.exists() else {
+    rows = Rows(args.out, key=lambda r: (r["ranks"], r["arm"], r["seed"]), fresh={
         "args": vars(args), "rows": [],
-        "env": {k: v for k, v in os.environ.items() if k.startswith("HOROVOD_")}}
+        "env": {k: v for k, v in os.environ.items() if k.startswith("HOROVOD_")}})
     if args.report:
-        report(data, args.report)
+        report(rows.data, args.report)
         return
-    done = {(r["ranks"], r["arm"], r["seed"]) for r in data["rows"]}
-    todo = [t for t in schedule([int(r) for r in args.ranks.split(",")],
-                                [int(s) for s in args.seeds.split(",")], args.arms.split(","))
-            if t not in done]
-    out.parent.mkdir(parents=True, exist_ok=True)
+    todo = rows.pending(schedule([int(r) for r in args.ranks.split(",")],
+                                 [int(s) for s in args.seeds.split(",")], args.arms.split(",")))
     with shaped_loopback("1gbit" if args.net == "1gbit" else None):
         for i, (np_, arm, seed) in enumerate(todo):
             row = run_one(np_, arm, seed, args, tcp=args.net != "shm")
-            data["rows"].append(row)
-            out.write_text(json.dumps(data, indent=1))
+            rows.add(row)
             print(f"[{i + 1}/{len(todo)}] P={np_} {arm:17s} seed {seed}: step "
                   f"{1e3 * row['step_s']:.1f} ms, |U|/k {row.get('buildup', 0):.2f}, "
                   f"acc {row['final_test_accuracy']:.3f}", flush=True)

@@ -5,8 +5,9 @@ digits MLP, dense against sparse arms, under several Horovod cycle times.
 Horovod's background thread works in cycles (``HOROVOD_CYCLE_TIME``, 1 ms by default): a
 collective that can start only after another one finished (``union``: the indices, then the
 values on their union) waits for the next cycle. One child process per cycle time (Horovod
-reads it at ``init``); in each, every arm is timed ``--repeats`` times, arms interleaved;
-the minimum per arm is kept. Writes JSON.
+reads it at ``init``); in each, every arm is timed ``--repeats`` times, arms interleaved in a
+fresh random order every repeat (``bench/schedule.py``); the minimum per arm is kept. Writes
+JSON.
 
     .venv/bin/python scripts/bench_sparse_step.py --out results/bench_sparse_step.json
 """
@@ -14,20 +15,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench import results
+from bench.launch import run
+from bench.schedule import rounds
+
 ARMS = ["dense", "topk/allgather", "sticky/allgather", "topk/union", "sticky/union"]
 
 
 def time_arms(arms: list[str], repeats: int, steps: int) -> dict[str, list[float]]:
     """Seconds per step of each arm (``repeats`` timings of ``steps`` steps), in this process."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    sys.path.insert(0, str(ROOT))
     import numpy as np
     import tensorflow as tf
     tf.config.threading.set_intra_op_parallelism_threads(1)
@@ -40,8 +39,8 @@ def time_arms(arms: list[str], repeats: int, steps: int) -> dict[str, list[float
     x, y = rng.random((1440, 8, 8, 1), dtype=np.float32), rng.integers(0, 10, 1440)
     ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(96).repeat().prefetch(2)
     out: dict[str, list[float]] = {a: [] for a in arms}
-    for rep in range(repeats):
-        for arm in (arms if rep % 2 == 0 else arms[::-1]):
+    for order in rounds(arms, repeats):
+        for arm in order:
             sparsify = None if arm == "dense" else hk.Sparsify(
                 arm.split("/")[0], density=0.01, exchange=arm.split("/")[1], momentum=0.9)
             model = models.build("mlp", (8, 8, 1), 10)
@@ -71,12 +70,9 @@ def main() -> None:
         return
     result = {"arms": arms, "repeats": args.repeats, "steps": args.steps, "cycle_times": {}}
     for cycle in args.cycle_times.split(","):
-        env = {**os.environ, "HOROVOD_CYCLE_TIME": cycle}
-        p = subprocess.run([sys.executable, __file__, "--child", "--arms", args.arms,
-                            "--repeats", str(args.repeats), "--steps", str(args.steps)],
-                           capture_output=True, text=True, env=env, timeout=1200)
-        if p.returncode != 0:
-            raise SystemExit(f"bench_sparse_step: cycle {cycle} ms failed:\n{p.stderr[-2000:]}")
+        p = run([sys.executable, __file__, "--child", "--arms", args.arms,
+                 "--repeats", str(args.repeats), "--steps", str(args.steps)],
+                env={"HOROVOD_CYCLE_TIME": cycle})
         times = json.loads(p.stdout.strip().splitlines()[-1])
         result["cycle_times"][cycle] = {a: {"step_s": min(v), "all_s": v} for a, v in times.items()}
         dense = min(times["dense"]) if "dense" in times else None
@@ -84,7 +80,7 @@ def main() -> None:
             ratio = f"  {min(v) / dense:.2f}x dense" if dense else ""
             print(f"cycle {cycle} ms  {a:17s} {1e3 * min(v):.2f} ms/step{ratio}", flush=True)
     if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=1))
+        results.save(result, args.out, indent=1)
 
 
 if __name__ == "__main__":

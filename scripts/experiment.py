@@ -1,23 +1,21 @@
 #!/usr/bin/env python
 """Equal vs uneven-avg vs weighted: time per epoch and accuracy under emulated speed profiles.
 
-Resumable: each run writes DIR/<task>_<profile>_<mode>_s<seed>.json and is skipped when that
-file exists. Afterwards `hetgrad report DIR/*.json --out-dir DIR/report` renders the table
-and plots (done here at the end too).
+Per task and profile, every seed runs each mode once, the modes in a fresh random order every
+seed (``bench/schedule.py``). Resumable: each run writes
+DIR/<task>_<profile>_<mode>_s<seed>.json and is skipped when that file exists. Afterwards
+`hetgrad report DIR/*.json --out-dir DIR/report` renders the table and plots (done here at
+the end too).
 
     .venv/bin/python scripts/experiment.py --dir results/experiment
 """
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from hetgrad.cli import mpirun_command  # noqa: E402
+from bench.launch import train
+from bench.schedule import interleaved
 
 TASKS = {  # name: (train args, epochs)
     "digits-mlp": (["--data", "digits", "--model", "mlp", "--global-batch", "96"], 10),
@@ -37,26 +35,18 @@ def main() -> None:
     args = ap.parse_args()
     out = Path(args.dir)
     out.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     for task in args.tasks.split(","):
         targs, epochs = TASKS[task]
         epochs = max(1, round(epochs * args.epochs_scale))
         for profile in args.profiles.split(";"):
-            np_ = len(profile.split(","))
-            for mode in args.modes.split(","):
-                for seed in range(args.seeds):
-                    f = out / f"{task}_{profile.replace(',', '-')}_{mode}_s{seed}.json"
-                    if f.exists():
-                        continue
-                    cmd = mpirun_command(np_, ["train", *targs, "--mode", mode, "--seed",
-                                               str(seed), "--epochs", str(epochs),
-                                               "--emulate-speeds", profile, "--quiet",
-                                               "--out", str(f)])
-                    print(f"[experiment] {f.name}", flush=True)
-                    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-                    if proc.returncode:
-                        sys.exit(f"run failed ({proc.returncode}): {' '.join(cmd)}\n"
-                                 f"{proc.stderr[-2000:]}")
+            for seed, mode in interleaved(args.modes.split(","), args.seeds):
+                f = out / f"{task}_{profile.replace(',', '-')}_{mode}_s{seed}.json"
+                if f.exists():
+                    continue
+                print(f"[experiment] {f.name}", flush=True)
+                train(len(profile.split(",")), [*targs, "--mode", mode, "--seed", str(seed),
+                                                "--epochs", str(epochs),
+                                                "--emulate-speeds", profile], f)
     from hetgrad.report import report
     md, pngs = report(sorted(out.glob("*.json")), out / "report")
     print(md)

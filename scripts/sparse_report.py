@@ -7,6 +7,9 @@ import itertools
 import statistics
 from pathlib import Path
 
+from bench import figures
+from bench.tables import markdown
+
 TARGET_GAP = 0.01  # time to reach dense's mean final accuracy minus this
 
 
@@ -59,28 +62,28 @@ def summary(rows: list[dict]) -> list[dict]:
 
 
 def table(lines: list[dict]) -> str:
-    head = ("| ranks | arm | epochs | step (ms) | / dense | \\|U\\|/k | bytes sent "
-            "/ step / rank | final test acc (mean ± sd) | acc at dense's training time | "
-            "time to dense acc − 1 pt (s) |\n|---|---|---|---|---|---|---|---|---|---|\n")
-    body = []
+    """Markdown: one line per (ranks, arm) of :func:`summary`."""
+    rows = []
     for x in lines:
         tt = (f"{x['time_to_target_s']:.1f} ({x['reached']}/{x['seeds']})"
               if x["time_to_target_s"] is not None else f"never (0/{x['seeds']})")
         u = f"{x['buildup']:.2f}" if "buildup" in x else "–"
         b = f"{x['bytes_sent']:,.0f}" if "bytes_sent" in x else "–"
         budget = "–" if x["acc_at_dense_time"] is None else f"{x['acc_at_dense_time']:.3f}"
-        body.append(f"| {x['ranks']} | {x['arm']} | {x['epochs']:g} | {x['step_ms']:.1f} | "
-                    f"{x['vs_dense']:.2f} | {u} | {b} | {x['acc']:.3f} ± {x['acc_sd']:.3f} | "
-                    f"{budget} | {tt} |")
-    return head + "\n".join(body) + "\n"
+        rows.append([x["ranks"], x["arm"], f"{x['epochs']:g}", f"{x['step_ms']:.1f}",
+                     f"{x['vs_dense']:.2f}", u, b, f"{x['acc']:.3f} ± {x['acc_sd']:.3f}",
+                     budget, tt])
+    return markdown(["ranks", "arm", "epochs", "step (ms)", "/ dense", "\\|U\\|/k",
+                     "bytes sent / step / rank", "final test acc (mean ± sd)",
+                     "acc at dense's training time", "time to dense acc − 1 pt (s)"],
+                    rows) + "\n"
 
 
 def per_seed(rows: list[dict], lines: list[dict]) -> str:
     """Markdown: per (ranks, arm), seed by seed, the first epoch's and the whole training
     time, time to dense's mean final accuracy minus 1 point and to that accuracy, best and
     final accuracy."""
-    out = ["| ranks | arm | seed | epoch 1 (s) | training (s) | to dense acc − 1 pt (s) | "
-           "to dense acc (s) | best acc | final acc |", "|---|---|---|---|---|---|---|---|---|"]
+    out = []
     targets = {(x["ranks"], x["arm"]): x["target"] for x in lines}
     for r in sorted(rows, key=lambda r: (r["ranks"], r["arm"] != "dense", r["arm"], r["seed"])):
         target = targets[(r["ranks"], r["arm"])]
@@ -88,29 +91,27 @@ def per_seed(rows: list[dict], lines: list[dict]) -> str:
             continue
         times = [time_to(r["curve"], t) for t in (target, target + TARGET_GAP)]
         shown = ["never" if t is None else f"{t:.0f}" for t in times]
-        out.append(f"| {r['ranks']} | {r['arm']} | {r['seed']} | {r['curve'][0][0]:.1f} | "
-                   f"{cumulative(r['curve'])[-1][0]:.0f} | {shown[0]} | {shown[1]} | "
-                   f"{max(a for _, a in r['curve']):.3f} | {r['final_test_accuracy']:.3f} |")
-    return "\n".join(out) + "\n"
+        out.append([r["ranks"], r["arm"], r["seed"], f"{r['curve'][0][0]:.1f}",
+                    f"{cumulative(r['curve'])[-1][0]:.0f}", *shown,
+                    f"{max(a for _, a in r['curve']):.3f}", f"{r['final_test_accuracy']:.3f}"])
+    return markdown(["ranks", "arm", "seed", "epoch 1 (s)", "training (s)",
+                     "to dense acc − 1 pt (s)", "to dense acc (s)", "best acc", "final acc"],
+                    out) + "\n"
 
 
 def plot(rows: list[dict], lines: list[dict], png: Path) -> None:
     """Accuracy against training seconds (mean over seeds), one panel per rank count."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     ranks = sorted({r["ranks"] for r in rows})
     arms = list(dict.fromkeys(r["arm"] for r in rows))
-    fig, axes = plt.subplots(1, len(ranks), figsize=(5 * len(ranks), 4), squeeze=False)
-    for ax, np_ in zip(axes[0], ranks):
+    fig, axes = figures.panels(len(ranks), 5, 4)
+    for ax, np_ in zip(axes, ranks):
         for j, arm in enumerate(arms):
             curves = [cumulative(r["curve"]) for r in rows if r["ranks"] == np_
                       and r["arm"] == arm]
             if not curves:
                 continue
-            n = min(len(c) for c in curves)
-            ts = [statistics.fmean(c[i][0] for c in curves) for i in range(n)]
-            acc = [statistics.fmean(c[i][1] for c in curves) for i in range(n)]
+            ts = figures.mean_curve([[t for t, _ in c] for c in curves])
+            acc = figures.mean_curve([[a for _, a in c] for c in curves])
             ax.plot(ts, acc, label=arm, color=f"C{j}", lw=2 if arm == "dense" else 1.2)
         target = next((x["target"] for x in lines if x["ranks"] == np_ and x["target"]), None)
         if target:
@@ -118,9 +119,8 @@ def plot(rows: list[dict], lines: list[dict], png: Path) -> None:
         ax.set(title=f"{np_} ranks", xlabel="training seconds (cumulative)",
                ylabel="test accuracy", ylim=(max(0.0, (target or 0.9) - 0.25), 1.0))
         ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
+    axes[0].legend(fontsize=7, loc="lower right")
+    figures.save(fig, png)
 
 
 def report(data: dict, prefix: str) -> None:

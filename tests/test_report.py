@@ -121,28 +121,6 @@ def test_perfmodel_table_ratios_predicted_efficiency_and_churn(monkeypatch):
     assert ceiling_markdown({}) == ""
 
 
-def test_perfmodel_churn_interleaves_scenario_arm_runs(monkeypatch, tmp_path):
-    """--churn SCENARIO[:ARM],...: every repeat runs each pair once, in the order given and
-    then reversed, with its arm's flags and the repeat's seed; rows keyed "SCENARIO" /
-    "SCENARIO, ARM"; a bad pair stops before any run."""
-    from conftest import ROOT
-    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
-    import bench_perfmodel as bp
-    calls = []
-    monkeypatch.setattr(bp, "launch", lambda np_, args, wrap, out: calls.append(args) or {})
-    monkeypatch.setattr(bp, "churn_row", lambda rec: {
-        "replanned_after_epochs": [], "steady_imbalance": 0.0, "final_batches": []})
-    rows = list(bp.run_churn(["emu-18-B96:equal", "emu-18-B96"], 3, 2, tmp_path))
-    assert len(rows) == 4 and list(rows[-1]) == ["emu-18-B96, equal", "emu-18-B96"]
-    assert [len(r["runs"]) for r in rows[-1].values()] == [2, 2]
-    seen = [("--mode" in a, "--rebalance" in a, a[a.index("--seed") + 1]) for a in calls]
-    assert seen == [(True, False, "0"), (False, True, "0"), (False, True, "1"), (True, False, "1")]
-    calls.clear()
-    with pytest.raises(SystemExit, match="emu-18-B96:oracle"):
-        next(bp.run_churn(["emu-18-B96", "emu-18-B96:oracle"], 3, 1, tmp_path))
-    assert calls == []
-
-
 def _affinity_and_cgroup(wrap: list[str], rank: int) -> tuple[str, str]:
     """What a rank started behind ``wrap`` sees: its allowed cores and its cpu cgroup."""
     probe = "import os; print(sorted(os.sched_getaffinity(0))); print(open('/proc/self/cgroup').read())"
