@@ -178,12 +178,16 @@ class Aggregation:
         NaN/Inf on any rank gives NaN everywhere, for a loss scale to skip, before a reducer
         with per-rank state (sparse memory) takes it in)."""
         if not self.skip_together:
-            return self._exchange(grads)
-        ok = finite_everywhere(grads, getattr(self.reducer, "name", "hetgrad"))
-        present = [g for g in grads if g is not None]
-        out = iter(tf.cond(ok, lambda: [g for g in self._exchange(present)],
-                           lambda: [g * np.float32(np.nan) for g in present]))
-        return [None if g is None else next(out) for g in grads]
+            out = self._exchange(grads)
+        else:
+            ok = finite_everywhere(grads, getattr(self.reducer, "name", "hetgrad"))
+            present = [g for g in grads if g is not None]
+            done = iter(tf.cond(ok, lambda: [g for g in self._exchange(present)],
+                                lambda: [g * np.float32(np.nan) for g in present]))
+            out = [None if g is None else next(done) for g in grads]
+        if isinstance(self.weight, SampleWeight):
+            self.weight.used()
+        return out
 
     def _exchange(self, grads: list) -> list:
         check_before = self.check is not None and self.reducer.check_local

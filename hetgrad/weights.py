@@ -3,6 +3,8 @@ the gradients arrive weighted and the reduce is a plain sum (Horovod refuses a d
 ``prescale_factor`` per rank)."""
 from __future__ import annotations
 
+import sys
+
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
@@ -50,14 +52,22 @@ class PlanWeight:
         return tf.where(final, self.last, self.full)
 
 
-NO_COUNT = ("hetgrad: weight=samples needs the batch size of every step: pass a "
-            "hetgrad.keras.callbacks callback to fit, or call hetgrad.keras.count_samples(model)")
+UNCOUNTED = ("hetgrad: warning: the batch size of this step is not known here (a train step that is "
+             "not Keras', e.g. apply_gradients in your own loop): the ranks are weighted "
+             "equally, Horovod's average, exact for equal batches only. For uneven batches give "
+             "DistributedOptimizer weight=b_i/B or plan=, or the tape gradient(..., samples=n)")
+
+
+def _say() -> int:
+    print(UNCOUNTED, file=sys.stderr, flush=True)
+    return 0
 
 
 class SampleWeight:
-    """``n_i / sum_j n_j`` from the samples this step holds (``count`` is set by the train
-    step, see :func:`hetgrad.keras.count_samples`). A step with no count recorded fails with
-    :data:`NO_COUNT` (never a silent 0/0).
+    """``n_i / sum_j n_j`` from the samples this step holds (``count``, set by the train step:
+    :func:`hetgrad._keras.counting.count_samples` makes Keras' train steps do it). A step whose
+    count was not set counts every rank as one -- Horovod's plain average -- and rank 0 says
+    so once (:data:`UNCOUNTED`); the count is used up by the exchange (:meth:`used`).
 
     ``fused`` (a dense exchange, one backward pass per step): the pass is seeded with ``n_i``
     itself and ``n_i`` rides in the gradients' allreduce; the exchange divides the sum by
@@ -66,13 +76,28 @@ class SampleWeight:
 
     def __init__(self, name: str = "hetgrad", fused: bool = False):
         self.count = tf.Variable(0, dtype=tf.int32, trainable=False, name="hetgrad_local_count")
+        self.said = tf.Variable(False, trainable=False, name="hetgrad_said_uncounted")
         self.name = name
         self.fused = fused
 
     def local_count(self) -> tf.Tensor:
-        check = tf.debugging.assert_positive(self.count, message=NO_COUNT)
-        with tf.control_dependencies([check]):
-            return tf.cast(self.count, tf.float32)
+        """This step's ``n_i`` (1 when the step did not set it)."""
+        n = self.count.read_value()
+        known = n > 0
+        said = tf.cond(known | self.said, lambda: tf.constant(True), self._say_uncounted)
+        with tf.control_dependencies([said]):
+            return tf.where(known, tf.cast(n, tf.float32), 1.0)
+
+    def used(self) -> None:
+        """The step's exchange is done: the next one counts anew."""
+        self.count.assign(0)
+
+    def _say_uncounted(self) -> tf.Tensor:
+        ops = [self.said.assign(True)]
+        if hvd.rank() == 0:
+            ops.append(tf.py_function(_say, [], tf.int32))
+        with tf.control_dependencies(ops):
+            return tf.constant(True)
 
     def __call__(self) -> tf.Tensor:
         n = self.local_count()
@@ -80,3 +105,19 @@ class SampleWeight:
             return n
         total = hvd.allreduce(tf.reshape(n, [1]), op=hvd.Sum, name=f"{self.name}.count")
         return n / total[0]
+
+
+def make_weight(weight, plan, rank: int | None, step: tf.Variable, name: str, fused: bool):
+    """The weight ``weight`` names: ``"samples"`` (the default without ``plan``),
+    ``"plan"`` (the default with it), or a float share."""
+    if weight is None:
+        weight = "samples" if plan is None else "plan"
+    if weight == "samples":
+        return SampleWeight(name, fused=fused)
+    if weight == "plan":
+        if plan is None:
+            raise ValueError("weight='plan' needs plan=")
+        return PlanWeight(plan, hvd.rank() if rank is None else rank, step)
+    if isinstance(weight, (int, float)) and not isinstance(weight, bool):
+        return FixedWeight(weight)
+    raise ValueError(f"weight must be a float share, 'plan' or 'samples', got {weight!r}")

@@ -1,11 +1,15 @@
 """Each train step's batch size, recorded by the step itself: what ``weight="samples"`` and
-the sample-weighted metric average need."""
+the sample-weighted metric average need. Every model compiled with a hetgrad optimizer counts
+(:func:`count_on_compile`), so ``fit``, ``train_on_batch`` and a custom ``train_step`` weigh
+uneven batches exactly with no callback."""
 from __future__ import annotations
+
+import functools
 
 import tensorflow as tf
 
 from ..aggregate import SampleWeight
-from .optimizer import aggregation_in
+from .found import aggregation_in
 
 
 class _EpochSamples:
@@ -43,3 +47,23 @@ def count_samples(model) -> None:
     model.train_step = train_step
     model.train_function = None  # rebuild with the new step
     model._hetgrad_counted = True
+
+
+def count_on_compile(model_class) -> None:
+    """Make ``compile`` of ``model_class`` (the Keras flavour's ``Model``) install
+    :func:`count_samples` on every model compiled with a hetgrad optimizer. Patched where
+    ``compile`` is defined (Keras 3: its trainer), so Keras still sees it as its own (a loaded
+    model is compiled from its config only when ``compile`` is not overridden). Idempotent."""
+    owner = next(k for k in model_class.__mro__ if "compile" in vars(k))
+    compile_ = owner.compile
+    if getattr(compile_, "_hetgrad_counts", False):
+        return
+
+    @functools.wraps(compile_)
+    def compile(self, *args, **kwargs):
+        compile_(self, *args, **kwargs)
+        if aggregation_in(getattr(self, "optimizer", None)) is not None:
+            count_samples(self)
+
+    compile._hetgrad_counts = True
+    owner.compile = compile

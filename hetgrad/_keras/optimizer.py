@@ -12,25 +12,14 @@ import tensorflow as tf
 
 from .. import compat
 from ..aggregate import (Aggregation, DenseReducer, FixedWeight, PlanWeight, Reducer,
-                         SampleWeight, new_step_counter)
+                         new_step_counter)
 from ..sparse.reducer import SparseReducer
 from ..sparse.settings import Sparsify
+from ..weights import make_weight
+from .counting import count_on_compile
+from .found import aggregation_in, aggregation_of
 from .hooks import hooked_class
 from .loss_scale import inside_loss_scale
-
-
-def _weight_of(weight, plan, rank: int | None, step, name: str, fuse_count: bool):
-    if weight is None:
-        weight = "samples" if plan is None else "plan"
-    if weight == "samples":
-        return SampleWeight(name, fused=fuse_count)
-    if weight == "plan":
-        if plan is None:
-            raise ValueError("weight='plan' needs plan=")
-        return PlanWeight(plan, hvd.rank() if rank is None else rank, step)
-    if isinstance(weight, (int, float)) and not isinstance(weight, bool):
-        return FixedWeight(weight)
-    raise ValueError(f"weight must be a float share, 'plan' or 'samples', got {weight!r}")
 
 
 ONE_INTER_OP_THREAD = (
@@ -98,6 +87,7 @@ def DistributedOptimizer(optimizer, weight=None, *, plan=None, rank: int | None 
     opt.hetgrad = _aggregation(opt, weight, plan, rank, reducer, sparsify, compression,
                                sparse_as_dense, check_finite, name or "hetgrad")
     _check_inter_op_threads()
+    count_on_compile(compat.keras.Model)   # Keras' train steps record their batch size
     return opt
 
 
@@ -119,26 +109,9 @@ def _aggregation(opt, weight, plan, rank, reducer, sparsify, compression, sparse
     # the count rides in the exchange by seeding the pass with n_i, not w_i <= 1: not under a
     # loss scale (n_i times larger float16 gradients overflow where one process would not)
     fuse_count = reducer.carries_count and opt._hetgrad_passes == 1 and not loss_scaled
-    return Aggregation(_weight_of(weight, plan, rank, step, name, fuse_count), reducer,
+    return Aggregation(make_weight(weight, plan, rank, step, name, fuse_count), reducer,
                        check_finite=check_finite, step=step,
                        skip_together=loss_scaled and reducer.check_local)
-
-
-def aggregation_of(optimizer) -> Aggregation:
-    """The :class:`~hetgrad.aggregate.Aggregation` of a hetgrad optimizer."""
-    agg = getattr(optimizer, "hetgrad", None)
-    if not isinstance(agg, Aggregation):
-        raise ValueError("not a hetgrad DistributedOptimizer")
-    return agg
-
-
-def aggregation_in(optimizer) -> Aggregation | None:
-    """The aggregation of ``optimizer`` if it is hetgrad's, or of the one a
-    ``LossScaleOptimizer`` wraps; None if neither is."""
-    agg = getattr(optimizer, "hetgrad", None)
-    if agg is None and compat.is_loss_scale_optimizer(optimizer):
-        agg = getattr(compat.inner_optimizer(optimizer), "hetgrad", None)
-    return agg
 
 
 def set_plan(optimizer, plan) -> None:

@@ -1,0 +1,40 @@
+"""The one-line switch for ``horovod.tensorflow`` (``import hetgrad.tensorflow as hvd``) in
+custom training loops::
+
+    with tf.GradientTape() as tape:
+        loss = loss_fn(y, model(x, training=True))
+    tape = hvd.DistributedGradientTape(tape)                 # weight="samples"
+    grads = tape.gradient(loss, model.trainable_variables, samples=len(x))
+    opt.apply_gradients(zip(grads, model.trainable_variables))
+    if first_batch:
+        hvd.broadcast_variables(model.variables, root_rank=0)
+        hvd.broadcast_variables(opt.variables, root_rank=0)
+
+``DistributedGradientTape`` returns ``sum_i w_i g_i`` (:class:`hetgrad.tape.DistributedGradientTape`:
+``samples=`` or ``weight=``/``plan=`` make uneven batches exact; without them the ranks weigh
+equally, as Horovod's average). ``broadcast_variables`` takes Keras 3 variables too. Every
+other name is Horovod's own.
+"""
+from __future__ import annotations
+
+import horovod.tensorflow as _hvd
+from horovod.tensorflow import (Adasum, Average, Compression, Sum, allgather, allreduce,
+                                alltoall, broadcast, init, is_initialized, local_rank,
+                                local_size, mpi_threads_supported, rank, shutdown, size)
+
+from ..compat import tf_variables
+from ..tape import DistributedGradientTape
+
+
+def broadcast_variables(variables, root_rank: int = 0) -> None:
+    """Set every rank's ``variables`` to ``root_rank``'s (Keras 2 or 3 variables, tf.Variables,
+    an optimizer's ``variables`` -- a list or its method)."""
+    if callable(variables):
+        variables = variables()
+    _hvd.broadcast_variables(tf_variables(list(variables)), root_rank=root_rank)
+
+
+__all__ = ["DistributedGradientTape", "broadcast_variables", "init", "is_initialized",
+           "shutdown", "rank", "size", "local_rank", "local_size", "mpi_threads_supported",
+           "allreduce", "allgather", "alltoall", "broadcast", "Compression", "Average", "Sum",
+           "Adasum"]
