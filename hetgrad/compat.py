@@ -80,6 +80,12 @@ def tf_variables(variables) -> list[tf.Variable]:
     return [v if isinstance(v, tf.Variable) else v.value for v in variables]
 
 
+def variable_key(variable) -> int:
+    """The same number for a Keras variable and the ``tf.Variable`` behind it (sets of
+    local variables, whichever of the two the user holds)."""
+    return id(tf_variables([variable])[0])
+
+
 def build_optimizer(optimizer, variables) -> None:
     """Create an optimizer's slot variables now (Keras 2.11+/3: ``build``; OptimizerV2:
     ``_create_all_weights``); a no-op once built."""

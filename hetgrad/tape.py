@@ -20,12 +20,12 @@ class DistributedGradientTape:
     without it every rank counts as one (Horovod's average, exact for equal batches; rank 0
     says so once) -- ``"plan"`` (the default with ``plan=``): the plan's per-step shares, the
     step counted per call; a float ``b_i / B``; ``op=hvd.Sum``: Horovod's plain sum. Horovod's
-    ``device_dense``/``device_sparse`` are accepted and unused. ``check_finite``: a NaN/Inf
-    in this rank's gradients fails the call. Any other attribute is the tape's."""
+    ``device_dense``/``device_sparse`` are accepted and unused. ``check_finite`` (off, as in
+    Horovod): a NaN/Inf in this rank's gradients fails the call. Any other attribute is the tape's."""
 
     def __init__(self, gradtape: tf.GradientTape, weight=None, *, plan=None,
                  rank: int | None = None, compression=hvd.Compression.none,
-                 sparse_as_dense: bool = False, op=hvd.Average, check_finite: bool = True,
+                 sparse_as_dense: bool = False, op=hvd.Average, check_finite: bool = False,
                  name: str = "hetgrad_tape", device_dense: str = "", device_sparse: str = ""):
         self._tape = gradtape
         if op == hvd.Sum and weight is None:

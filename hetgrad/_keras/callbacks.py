@@ -33,15 +33,18 @@ class _Counting(keras.callbacks.Callback):
 class BroadcastGlobalVariablesCallback(_Counting):
     """Make every rank start from ``root_rank``'s state: its model weights before the first
     step, and model + optimizer variables (slots exist by then) after the first call into
-    the train step (its first step, or first N with ``steps_per_execution`` N)."""
+    the train step (its first step, or first N with ``steps_per_execution`` N).
+    ``local_variables`` keep each rank's own values (Horovod's); ``device`` is unused."""
 
-    def __init__(self, root_rank: int = 0):
+    def __init__(self, root_rank: int = 0, device: str = "", local_variables=None):
         super().__init__()
         self.root_rank = root_rank
+        self.local = {compat.variable_key(v) for v in local_variables or ()}
         self.done = False
 
     def _broadcast(self, variables) -> None:
-        hvd.broadcast_variables(compat.tf_variables(variables), root_rank=self.root_rank)
+        shared = [v for v in variables if compat.variable_key(v) not in self.local]
+        hvd.broadcast_variables(compat.tf_variables(shared), root_rank=self.root_rank)
 
     def on_train_begin(self, logs=None):
         if not self.done and self.model.built:

@@ -19,25 +19,47 @@ from ..aggregate import Aggregation, scaled
 class _Hooked:
     """What every flavour's mixin shares: weight (unless the pass was seeded), then exchange
     -- or, with ``backward_passes_per_step`` N > 1, add to local accumulators and exchange
-    and apply once every N steps. ``_hetgrad_seeded`` is Python state of the trace (set and
-    cleared within one traced step)."""
+    and apply once every N steps. ``_hetgrad_seeded`` and ``_hetgrad_exchanged`` are Python
+    state of the trace (set and cleared within one traced step)."""
 
     hetgrad: Aggregation
     _hetgrad_seeded = False
     _hetgrad_passes = 1
     _hetgrad_average_passes = False
     _hetgrad_acc: list | None = None
+    _hetgrad_local: frozenset = frozenset()    # variable keys (compat.variable_key)
+    _hetgrad_exchanged = False
+
+    def register_local_var(self, var) -> None:
+        """Keep ``var``'s gradient on this rank, never exchanged (Horovod's
+        ``register_local_var``): ``w_i g_i``, as every gradient is weighted -- with Horovod's
+        equal weights ``g_i / P``, what Horovod gives."""
+        self._hetgrad_local = self._hetgrad_local | {compat.variable_key(var)}
+        weight = self.hetgrad.weight
+        if getattr(weight, "fused", False):
+            weight.fused = False   # the pass is seeded with w_i itself, not n_i
+
+    def _hetgrad_exchange(self, grads, variables) -> list:
+        """The exchanged gradients, those of local variables kept as they are."""
+        if not self._hetgrad_local:
+            return self.hetgrad.exchange(grads)
+        local = [compat.variable_key(v) in self._hetgrad_local for v in variables]
+        shared = iter(self.hetgrad.exchange([g for g, mine in zip(grads, local) if not mine]))
+        return [g if mine else next(shared) for g, mine in zip(grads, local)]
 
     def _hetgrad_weighted(self, grads) -> list:
         seeded, self._hetgrad_seeded = self._hetgrad_seeded, False
         return list(grads) if seeded else scaled(grads, self.hetgrad.local_weight())
 
     def _hetgrad_apply(self, grads, variables, apply_fn):
-        """``apply_fn(exchanged_grads)`` now, or every N-th step on the accumulated sum."""
-        grads = self._hetgrad_weighted(grads)
+        """``apply_fn(exchanged_grads)`` now, or every N-th step on the accumulated sum
+        (gradients from Horovod's ``_compute_gradients`` arrive exchanged already)."""
+        done, self._hetgrad_exchanged = self._hetgrad_exchanged, False
+        grads = list(grads) if done else self._hetgrad_weighted(grads)
+        exchange = (lambda g: g) if done else (lambda g: self._hetgrad_exchange(g, variables))
         self.hetgrad.count_step()
         if self._hetgrad_passes == 1:
-            return apply_fn(self.hetgrad.exchange(grads))
+            return apply_fn(exchange(grads))
         self._hetgrad_build(variables)
         acc, count = self._hetgrad_acc
         count.assign_add(1)
@@ -48,7 +70,7 @@ class _Hooked:
 
         def update():
             summed = [None if g is None else a * scale for a, g in zip(acc, grads)]
-            apply_fn(self.hetgrad.exchange(summed))
+            apply_fn(exchange(summed))
             for a in acc:
                 a.assign(tf.zeros_like(a))
             return tf.constant(True)
@@ -87,6 +109,16 @@ class _Keras2(_Hooked):
         self._hetgrad_seeded = True
         return list(zip(grads, var_list))
 
+    def _compute_gradients(self, loss, var_list, grad_loss=None, tape=None):
+        """Horovod's: the weighted gradients, exchanged here (``apply_gradients`` then applies
+        them as they are)."""
+        if grad_loss is not None:
+            raise ValueError("hetgrad's DistributedOptimizer seeds the backward pass itself: "
+                             "no grad_loss")
+        grads, variables = zip(*self.compute_gradients(loss, var_list, tape))
+        self._hetgrad_seeded, self._hetgrad_exchanged = False, True
+        return list(zip(self._hetgrad_exchange(list(grads), variables), variables))
+
     def apply_gradients(self, grads_and_vars, *args, **kwargs):
         grads_and_vars = list(grads_and_vars)
         if not grads_and_vars:  # nothing to exchange; Keras treats it as a no-op
@@ -103,8 +135,8 @@ class _Keras2Legacy(_Keras2):
     def _compute_gradients(self, loss, var_list, grad_loss=None, tape=None):
         if grad_loss is not None:
             raise ValueError("hetgrad's DistributedOptimizer sets grad_loss itself")
-        gv = super()._compute_gradients(loss, var_list, grad_loss=self.hetgrad.local_weight(),
-                                        tape=tape)
+        gv = super(_Keras2, self)._compute_gradients(  # OptimizerV2's, which minimize calls
+            loss, var_list, grad_loss=self.hetgrad.local_weight(), tape=tape)
         self._hetgrad_seeded = True
         return gv
 

@@ -39,21 +39,22 @@ def DistributedOptimizer(optimizer, weight=None, *, plan=None, rank: int | None 
                          compression=hvd.Compression.none,
                          sparse_as_dense: bool = False, check_finite: bool | None = None,
                          backward_passes_per_step: int = 1,
-                         average_aggregated_gradients: bool = False, name: str | None = None):
+                         average_aggregated_gradients: bool = False, name: str | None = None,
+                         **horovod_keywords):
     """Wrap a Keras optimizer so gradients are combined as ``sum_i w_i g_i``.
 
     ``weight``: ``"samples"`` (the default without ``plan=``) weights each rank by the samples
-    of the step, exact for any batch sizes, at one scalar allreduce per step (the batch size is
-    recorded by :func:`count_samples`, which hetgrad's callbacks install in ``fit``);
+    of the step, exact for any batch sizes (Keras' train step of a model compiled with this
+    optimizer records them; where none does, the ranks weigh equally and rank 0 says so);
     ``"plan"`` (the default with ``plan=``; ``rank=``, default ``hvd.rank()``) uses the plan's
     exact per-step shares, partial final step included, with no extra communication
     (:func:`set_plan` switches plans); a float is a fixed share ``b_i / B``. ``reducer``: the
     exchange (default :class:`~hetgrad.aggregate.DenseReducer` with ``compression`` and
     ``sparse_as_dense``); ``sparsify`` (a policy name or a :class:`hetgrad.sparse.Sparsify`)
     makes it the in-graph top-k exchange with error feedback instead.
-    ``check_finite`` (default on, off for a ``LossScaleOptimizer``, which skips non-finite
-    steps itself): a NaN/Inf in this rank's local gradients fails its step with
-    :data:`~hetgrad.aggregate.NONFINITE`. ``backward_passes_per_step`` N: accumulate N steps'
+    ``check_finite`` (off by default, as in Horovod, and under a loss scale; ``hk.fit`` and
+    ``hetgrad train`` turn it on): a NaN/Inf in this rank's local gradients fails its step with
+    :data:`~hetgrad.aggregate.NONFINITE`, naming the rank. ``backward_passes_per_step`` N: accumulate N steps'
     weighted gradients locally, exchange and apply their sum (their mean with
     ``average_aggregated_gradients``) every N-th step, as Horovod does.
 
@@ -65,7 +66,10 @@ def DistributedOptimizer(optimizer, weight=None, *, plan=None, rank: int | None 
     Returns a new optimizer of a subclass of ``type(optimizer)`` built from its config, like
     Horovod's, under the same class name (a saved model loads in any Keras, without hetgrad);
     its ``from_config`` keeps the aggregation.
+    Horovod's other keywords: :func:`horovod_weight`; ``register_local_var(var)`` keeps a
+    variable's gradient on its rank.
     """
+    weight = horovod_weight(weight, **horovod_keywords)
     args = dict(weight=weight, plan=plan, rank=rank, reducer=reducer, sparsify=sparsify,
                 compression=compression,
                 sparse_as_dense=sparse_as_dense, check_finite=check_finite,
@@ -91,12 +95,52 @@ def DistributedOptimizer(optimizer, weight=None, *, plan=None, rank: int | None 
     return opt
 
 
+HOROVOD_IGNORED = ("device_dense", "device_sparse", "gradient_predivide_factor", "num_groups",
+                   "groups")
+
+
+def horovod_weight(weight, op=hvd.Average, process_set=None, scale_local_gradients=True,
+                   **ignored):
+    """The weight Horovod's ``op`` means -- ``Average``: the weighted sum, ``Sum``: every rank's
+    gradient as it is -- with Horovod's other keywords checked: ``device_dense``,
+    ``device_sparse``, ``gradient_predivide_factor``, ``num_groups``, ``groups`` accepted
+    (placement and fusion are Horovod's business), ``process_set`` the global one only,
+    ``scale_local_gradients`` True only."""
+    unknown = sorted(set(ignored) - set(HOROVOD_IGNORED))
+    if unknown:
+        raise TypeError(f"DistributedOptimizer got unexpected keyword argument(s) {unknown}")
+    if process_set is not None and process_set is not hvd.global_process_set:
+        raise ValueError("hetgrad exchanges over all ranks: process_set must be the global one")
+    if not scale_local_gradients:
+        raise ValueError("hetgrad weighs local gradients like every other: "
+                         "scale_local_gradients=False is not supported")
+    if op == hvd.Sum:
+        if weight is not None:
+            raise ValueError("op=Sum is a plain sum: give no weight")
+        return 1.0
+    if op != hvd.Average:
+        raise ValueError("hetgrad combines gradients as a weighted sum: op must be Average "
+                         "(the weighted sum) or Sum")
+    return weight
+
+
+def PartialDistributedOptimizer(optimizer, name: str | None = None, local_layers=None,
+                                **kwargs):
+    """:func:`DistributedOptimizer` whose ``local_layers``' trainable variables keep their
+    gradients on each rank (Horovod's ``PartialDistributedOptimizer``)."""
+    opt = DistributedOptimizer(optimizer, name=name, **kwargs)
+    for layer in local_layers or ():
+        for var in layer.trainable_weights:
+            opt.register_local_var(var)
+    return opt
+
+
 def _aggregation(opt, weight, plan, rank, reducer, sparsify, compression, sparse_as_dense,
                  check_finite, name) -> Aggregation:
     """The aggregation of the new optimizer ``opt`` (see :func:`DistributedOptimizer`)."""
     loss_scaled = compat.is_loss_scale_optimizer(opt)
-    if check_finite is None:
-        check_finite = not loss_scaled
+    # off by default (Horovod's behaviour), and under a loss scale, which skips such steps
+    check_finite = bool(check_finite) and not loss_scaled
     if reducer is not None and sparsify is not None:
         raise ValueError("give DistributedOptimizer a reducer or sparsify=, not both")
     if sparsify is not None:

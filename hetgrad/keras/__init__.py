@@ -20,17 +20,19 @@ from horovod.tensorflow import (Average, Compression, Sum, allgather, allreduce,
 
 from .._keras.counting import count_samples
 from ..data.reader import shard
-from .._keras.optimizer import DistributedOptimizer, aggregation_of, set_plan
+from .._keras.optimizer import (DistributedOptimizer, PartialDistributedOptimizer,
+                                aggregation_of, set_plan)
 from .._keras.probing import probe
 from .._keras.replicas import replicas_agree
 from .._keras.saving import load_model
 from ..aggregate import NONFINITE
 from ..sparse import Sparsify
-from . import callbacks
+from . import callbacks, elastic
 from .fitting import fit
 
-__all__ = ["DistributedOptimizer", "Sparsify", "probe", "shard", "fit", "set_plan", "count_samples",
-           "replicas_agree", "aggregation_of", "callbacks", "load_model", "NONFINITE", "init",
+__all__ = ["DistributedOptimizer", "PartialDistributedOptimizer", "Sparsify", "probe", "shard", "fit", "set_plan", "count_samples",
+           "replicas_agree", "aggregation_of", "callbacks", "elastic", "load_model", "NONFINITE",
+           "init",
            "is_initialized", "shutdown", "rank", "size",
            "local_rank", "local_size", "allreduce", "allgather", "broadcast",
            "broadcast_variables", "Compression", "Average", "Sum",

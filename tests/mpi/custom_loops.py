@@ -116,3 +116,96 @@ def run() -> dict:
     out["moved"] = float(np.max(np.abs(exact - _flat(_model()))))
     out["weights"] = {k: v.tolist() for k, v in got.items()}
     return out
+
+
+def local_variables() -> dict:
+    """Horovod's local variables on uneven batches, one step each (train_on_batch, no
+    callback): ``PartialDistributedOptimizer(local_layers=[first])`` -- the first layer moves
+    by this rank's weighted gradient ``w_i g_i``, the second by the full-batch gradient --
+    ``BroadcastGlobalVariablesCallback(local_variables=)`` and ``op=Sum``."""
+    batches, x, y, mine = _setup()
+    rank, w = htf.rank(), batches[htf.rank()] / sum(batches)
+
+    def stepped(opt, data=(x[0][mine], y[0][mine]), model=None):
+        model = model or _model()
+        model.compile(optimizer=opt, loss=LOSS)
+        model.train_on_batch(*data)
+        return model
+
+    partial = _model()
+    partial = stepped(hk.PartialDistributedOptimizer(keras.optimizers.SGD(LR),
+                                                     local_layers=[partial.layers[1]]),
+                      model=partial)
+    exact = stepped(keras.optimizers.SGD(LR), (x[0], y[0]))
+    own = stepped(keras.optimizers.SGD(LR * w))          # this rank's step, weighted
+    out = {"local_layer_vs_own": float(np.max(np.abs(partial.layers[1].kernel.numpy()
+                                                     - own.layers[1].kernel.numpy()))),
+           "shared_layer_vs_exact": float(np.max(np.abs(partial.layers[2].kernel.numpy()
+                                                        - exact.layers[2].kernel.numpy())))}
+    model = _model(seed=7 + 100 * rank)                  # every rank its own weights
+    model.compile(optimizer=keras.optimizers.SGD(0.0), loss=LOSS)
+    first = list(model.layers[1].variables)
+    model.fit(x[0][mine], y[0][mine], batch_size=len(y[0][mine]), epochs=1, verbose=0,
+              callbacks=[hk.callbacks.BroadcastGlobalVariablesCallback(0, local_variables=first)])
+    out["local_kept"] = float(np.max(np.abs(model.layers[1].kernel.numpy()
+                                            - _model(seed=7 + 100 * rank).layers[1].kernel.numpy())))
+    out["shared_from_root"] = float(np.max(np.abs(model.layers[2].kernel.numpy()
+                                                  - _model(seed=7).layers[2].kernel.numpy())))
+    start = _flat(_model())
+    summed = stepped(hk.DistributedOptimizer(keras.optimizers.SGD(LR), op=htf.Sum))
+    averaged = stepped(hk.DistributedOptimizer(keras.optimizers.SGD(LR), weight=1 / htf.size()))
+    out["sum_vs_size_times_average"] = float(np.max(np.abs(
+        (_flat(summed) - start) - htf.size() * (_flat(averaged) - start))))
+    return out
+
+
+def elastic_state() -> dict:
+    """``hk.elastic.KerasState`` as Horovod's elastic loop uses it: ``sync`` takes rank 0's
+    weights and attributes, ``restore`` goes back to the last ``commit``."""
+    rank = htf.rank()
+    model = _model(seed=7 + 100 * rank)
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss=LOSS)
+    state = hk.elastic.KerasState(model, batch=20 + rank, epoch=10 + rank)
+    state.sync()
+    synced = _flat(model)
+    out = {"synced_vs_root": float(np.max(np.abs(synced - _flat(_model(seed=7))))),
+           "synced_attrs": [state.batch, state.epoch]}
+    model.set_weights([w + 1 for w in model.get_weights()])
+    state.batch, state.epoch = 21, 11
+    state.restore()
+    out["restored"] = [float(np.max(np.abs(_flat(model) - synced))), state.batch, state.epoch]
+    model.set_weights([w + 1 for w in model.get_weights()])
+    state.batch, state.epoch = 21, 11
+    state.commit()
+    state.restore()
+    out["committed"] = [float(np.max(np.abs(_flat(model) - synced - 1))), state.batch,
+                        state.epoch]
+    return out
+
+
+def horovod_compute_gradients() -> dict:
+    """Keras 2's ``_compute_gradients`` (Horovod's: returns the exchanged gradients) +
+    ``apply_gradients`` with ``backward_passes_per_step=2`` and a local variable, plain SGD on
+    ``loss = (rank + 1) (x + z)``: ``x`` moves by the passes' summed mean gradient every second
+    pass, the local ``z`` by its own weighted ``(rank + 1) / P`` per pass summed likewise."""
+    from hetgrad.compat import KERAS3
+    if KERAS3:
+        return {}
+    rank, size = htf.rank(), htf.size()
+    opt = hk.DistributedOptimizer(keras.optimizers.SGD(1.0), backward_passes_per_step=2)
+    x, z = tf.Variable([0.0]), tf.Variable([0.0])
+    opt.register_local_var(z)
+
+    @tf.function
+    def step():
+        gv = opt._compute_gradients(lambda: (rank + 1.0) * (x + z), var_list=[x, z])
+        opt.apply_gradients(gv)
+
+    values = []
+    for _ in range(4):
+        step()
+        values.append([float(x.numpy()[0]), float(z.numpy()[0])])
+    mean = (size + 1) / 2
+    after_two = [-2 * mean, -2 * (rank + 1) / size]
+    want = [[0.0, 0.0], after_two, after_two, [2 * v for v in after_two]]
+    return {"values": values, "want": want, "iterations": int(opt.iterations.numpy())}

@@ -1,0 +1,93 @@
+"""Horovod's elastic training state for Keras, on every Keras flavour: the model's and the
+optimizer's variables plus any attributes (``batch``, ``epoch``, ...), synchronised from rank
+0 when the ranks (re)start, saved by ``commit`` and rolled back by ``restore`` when a rank
+fails. Horovod's own reads the optimizer's variables in a way Keras 3 does not offer."""
+from __future__ import annotations
+
+import horovod.tensorflow as hvd
+import tensorflow as tf
+from horovod.common.elastic import ObjectState
+
+from .. import compat
+
+keras = compat.keras
+
+
+class KerasState(ObjectState):
+    """``KerasState(model, optimizer=None, **attributes)`` (Horovod's): ``sync()`` sets every
+    rank to rank 0's variables and attributes; ``commit()`` keeps them (and checks for added
+    or removed hosts); ``restore()`` goes back to the last commit. The optimizer is the
+    model's unless given; the model must be built."""
+
+    def __init__(self, model, optimizer=None, **kwargs):
+        if not model.built:
+            raise ValueError("build the model first (model.build(input_shape) or one call)")
+        self.model = model
+        self.optimizer = optimizer if optimizer is not None else model.optimizer
+        self._save_model()
+        super().__init__(bcast_object=hvd.broadcast_object, get_rank=hvd.rank, **kwargs)
+
+    def _variables(self) -> list:
+        own = compat.optimizer_variables(self.optimizer) if self.optimizer is not None else []
+        return compat.tf_variables([*self.model.variables, *own])
+
+    def save(self):
+        self._save_model()
+        super().save()
+
+    def restore(self):
+        self._load_model()
+        super().restore()
+
+    def sync(self):
+        hvd.broadcast_variables(self._variables(), root_rank=0)
+        self._save_model()
+        super().sync()
+
+    def _save_model(self) -> None:
+        self._saved = [tf.identity(v) for v in self._variables()]
+
+    def _load_model(self) -> None:
+        for var, saved in zip(self._variables(), self._saved):
+            var.assign(saved)
+
+
+TensorFlowKerasState = KerasState
+
+
+class CommitStateCallback(keras.callbacks.Callback):
+    """``state.commit()`` every ``batches_per_commit`` batches (Horovod's)."""
+
+    def __init__(self, state: KerasState, batches_per_commit: int = 1):
+        super().__init__()
+        self.state, self.every, self.done = state, batches_per_commit, 0
+
+    def on_batch_end(self, batch, logs=None):
+        self.done += 1
+        if self.done % self.every == 0:
+            self.state.commit()
+
+
+class UpdateBatchStateCallback(keras.callbacks.Callback):
+    """``state.batch``: the batches done of the epoch (0 at its end), Horovod's."""
+
+    def __init__(self, state: KerasState):
+        super().__init__()
+        self.state = state
+
+    def on_batch_end(self, batch, logs=None):
+        self.state.batch = batch + 1
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.state.batch = 0
+
+
+class UpdateEpochStateCallback(keras.callbacks.Callback):
+    """``state.epoch``: the epochs done, Horovod's."""
+
+    def __init__(self, state: KerasState):
+        super().__init__()
+        self.state = state
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.state.epoch = epoch + 1
