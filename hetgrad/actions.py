@@ -74,16 +74,22 @@ class Evaluation(Action):
             from .data.reader import in_order
             self.batches = in_order(self.test, 512)
         t0 = time.perf_counter()
-        test_loss, test_acc = job.model.evaluate(self.batches, verbose=0)
+        (test_loss, score), name = job.model.evaluate(self.batches, verbose=0), _metric(row)
         plan = job.plan
-        row.update(test_loss=float(test_loss), test_accuracy=float(test_acc),
+        row.update(test_loss=float(test_loss), **{f"test_{name}": float(score)},
                    eval_time_s=time.perf_counter() - t0,
                    samples_per_s=(plan.dataset_size - plan.dropped) / row["time_s"],
                    batches=list(plan.batches))
         if self.verbose:
+            short = "acc" if name == "accuracy" else name
             print(f"epoch {epoch + 1:3d}/{job.spec.epochs}  loss {row['loss']:.4f}  "
-                  f"acc {row['accuracy']:.4f}  test_acc {test_acc:.4f}  "
+                  f"{short} {row[name]:.4f}  test_{short} {score:.4f}  "
                   f"{row['time_s']:.2f}s  {row['samples_per_s']:.0f} samples/s", flush=True)
+
+
+def _metric(row: dict) -> str:
+    """The one metric ``hetgrad train`` compiles (accuracy, or mae for regression)."""
+    return "accuracy" if "accuracy" in row else "mae"
 
 
 class Balance(Action):

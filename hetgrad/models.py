@@ -8,9 +8,12 @@ import os
 import sys
 from typing import Callable
 
+import tensorflow as tf
+
 from .compat import keras
 from .config import unknown_model
 from .errors import ConfigError
+from .targets import ONE_HOT, kind_of
 
 layers = keras.layers
 
@@ -109,12 +112,22 @@ def build(name: str, input_shape, num_classes: int, seed: int = 0,
     return model
 
 
-def loss(name: str | None):
+def loss(name: str | None, num_classes: int | None = None):
     """A Keras loss by name (``--loss``); default sparse categorical cross-entropy on logits
-    (what the built-in models, which end in a linear layer, need)."""
+    (what the built-in models, which end in a linear layer, need). A categorical loss
+    (:data:`hetgrad.targets.ONE_HOT`) gets the integer labels as one-hot rows of
+    ``num_classes``."""
     if name is None:
         return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     try:
-        return keras.losses.get(name)
+        fn = keras.losses.get(name)
     except (ValueError, TypeError) as exc:
         raise ConfigError(f"unknown Keras loss {name!r} ({exc})", field="loss") from None
+    if kind_of(name) != ONE_HOT:
+        return fn
+
+    def on_one_hot(y_true, y_pred):
+        labels = tf.cast(tf.reshape(y_true, [-1]), tf.int32)
+        return fn(tf.one_hot(labels, num_classes, dtype=y_pred.dtype), y_pred)
+    on_one_hot.__name__ = f"{name}_on_labels"
+    return on_one_hot

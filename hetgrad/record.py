@@ -40,8 +40,7 @@ def build_record(*, config: dict, world_size: int, device: str, controller: str,
         "plan": first_plan.to_dict(), "final_plan": final_plan.to_dict(),
         "probe": list(probe), "probe_time_s": probe_time_s,
         "epochs": list(epochs), "wall_time_s": wall_time_s,
-        "final_test_accuracy": epochs[-1]["test_accuracy"],
-        "best_test_accuracy": max(row["test_accuracy"] for row in epochs),
+        **_test_scores(epochs),
         "median_epoch_time_s": median,
         "samples_per_s": achieved, "ideal_samples_per_s": ideal,
         "throughput_efficiency": achieved / ideal,
@@ -54,6 +53,14 @@ def build_record(*, config: dict, world_size: int, device: str, controller: str,
                                     for key in SPARSE_KEYS}
         record["sparse_bytes_per_rank"] = list(sparse_bytes_per_rank or [])
     return record
+
+
+def _test_scores(epochs: Sequence[dict]) -> dict:
+    """The final and best test score: accuracy (highest), or a regression's mean absolute
+    error (lowest)."""
+    name, best = ("accuracy", max) if "test_accuracy" in epochs[-1] else ("mae", min)
+    scores = [row[f"test_{name}"] for row in epochs]
+    return {f"final_test_{name}": scores[-1], f"best_test_{name}": best(scores)}
 
 
 def sparse_bytes(steps: Sequence[dict]) -> dict:

@@ -23,6 +23,7 @@ from .planning import choose_plan, probe_sizes
 from .record import build_record, save_record, sparse_bytes
 from .run import ProbeSpec, Run, RunSpec
 from .runtime import agree, configure_tf, init
+from .targets import kind_of, metric
 from .validate import Checked, check_model, checked_train, job_identity
 from .watchdog import stall_check
 
@@ -89,12 +90,14 @@ def emulation_of(cfg: TrainConfig, comm) -> tuple | None:
 
 def compiled_model(cfg: TrainConfig, data, device: str = "/CPU:0"):
     """``--model`` for the data's shape and classes (one logit per class unless ``--loss``),
-    compiled with ``--optimizer``, ``--loss`` and accuracy, as a user would compile it."""
+    compiled with ``--optimizer``, ``--loss`` and accuracy (mean absolute error for a
+    regression loss), as a user would compile it."""
     with tf.device(device):
         model = models.build(cfg.model, data.input_shape, data.num_classes, seed=cfg.seed,
                              logits=cfg.loss is None)
-        model.compile(optimizer=base_optimizer(cfg), metrics=["accuracy"],
-                      loss=models.loss(cfg.loss), steps_per_execution=cfg.steps_per_execution)
+        model.compile(optimizer=base_optimizer(cfg), metrics=[metric(kind_of(cfg.loss))],
+                      loss=models.loss(cfg.loss, data.num_classes),
+                      steps_per_execution=cfg.steps_per_execution)
     return model
 
 
@@ -142,7 +145,8 @@ def finish(cfg: TrainConfig, run: Run, wall_time_s: float) -> dict:
         sparse_bytes_per_rank=nbytes if sparse else None)
     where = save_record(record, cfg.out, [cfg.checkpoint_dir or cfg.resume])
     if not cfg.quiet:
-        print(f"hetgrad: final test accuracy {record['final_test_accuracy']:.4f}, "
+        score = next(k for k in record if k.startswith("final_test_"))
+        print(f"hetgrad: {score.replace('_', ' ')} {record[score]:.4f}, "
               f"{record['samples_per_s']:.0f} samples/s "
               f"({100 * record['throughput_efficiency']:.0f}% of the probed ideal), "
               f"record -> {where}", flush=True)

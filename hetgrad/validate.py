@@ -19,6 +19,7 @@ from .emulate import parse_schedule
 from .errors import ConfigError, InputFileError
 from .planning import choose_plan
 from .runtime import agree, control
+from .targets import kind_of
 
 # setting -> (when it does something, what it needs): given otherwise, it is an error
 NEEDS = {
@@ -162,7 +163,7 @@ def check_train(cfg: TrainConfig, rank: int, world_size: int) -> tuple:
     if rank == 0:
         check_writable(cfg.out, "out")
     check_checkpoint_dir(cfg)
-    data = data_mod.load(cfg.data)
+    data = data_mod.load(cfg.data, kind_of(cfg.loss))
     state = check_resume(cfg, world_size, len(data.train))
     if state is None:   # the partitioner's own checks, on equal speeds
         choose_plan(cfg, world_size, len(data.train), None)
@@ -188,7 +189,7 @@ def check_probe(cfg: TrainConfig, rank: int, world_size: int) -> data_mod.Datase
     check_flags(cfg, world_size)
     if rank == 0:
         check_writable(cfg.out, "out")
-    return data_mod.load(cfg.data)
+    return data_mod.load(cfg.data, kind_of(cfg.loss))
 
 
 def check_model(cfg: TrainConfig) -> None:

@@ -128,6 +128,7 @@ TRAIN = [
     (["--model", "usermodels:one_output"], "--model: usermodels:one_output has 1 outputs, the "
      "data has 10 classes"),
     (["--loss", "nonsense"], "--loss: unknown Keras loss 'nonsense'"),
+    (["--loss", "hinge"], "--loss: hinge wants 0/1 labels and one output per sample"),
     (["--device", "tpu"], "--device: unknown device 'tpu'"),
     (["--emulate-speeds", "1,2"], "--emulate-speeds: 2 speeds given for 1 ranks"),
     (["--emulate-speeds", "1,x"], "--emulate-speeds: cannot parse"),
@@ -178,7 +179,7 @@ TRAIN = [
     (["--data", "{d}/nan.npz"], "nan.npz: x_train holds 1 NaN/Inf values"),
     (["--data", "{d}/strings.npz"], "strings.npz: x_train has dtype <U1; numeric arrays needed"),
     (["--data", "{d}/neglabel.npz"], "neglabel.npz: y_train holds negative label -1"),
-    (["--data", "{d}/nanlabel.npz"], "nanlabel.npz: y_train holds non-integer labels"),
+    (["--data", "{d}/nanlabel.npz"], "nanlabel.npz: y_train holds 1 NaN/Inf values"),
     (["--data", "{d}/floatlabel.npz"], "floatlabel.npz: y_train holds non-integer labels"),
     (["--data", "{d}/onehot.npz"], "onehot.npz: y_train has shape (40, 3); need one integer label"),
     (["--data", "{d}/testshape.npz"], "testshape.npz: x_test samples have shape (5, 5), x_train's (4, 4)"),

@@ -1,6 +1,8 @@
 """`hetgrad train` on 3 real ranks with emulated unequal speeds, end to end."""
 import math
 
+import numpy as np
+
 import pytest
 
 from conftest import hetgrad_mpi, read_json
@@ -63,3 +65,23 @@ def test_tensorflow_start_up_lines_only_with_verbose(tmp_path):
     assert "cpu_feature_guard" not in outputs[False] and "absl" not in outputs[False]
     assert "UserWarning" not in outputs[False], outputs[False][-2000:]
     assert "cpu_feature_guard" in outputs[True] or "oneDNN" in outputs[True]
+
+
+def test_regression_and_one_hot_losses_train(world2, tmp_path):
+    """--loss mse on float targets (two per sample: two outputs, no class check, mean absolute
+    error reported), and a categorical loss on integer labels (one-hot rows for the loss)."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(600, 8)).astype(np.float32)
+    y = (x @ rng.normal(size=(8, 2))).astype(np.float32)
+    npz = tmp_path / "values.npz"
+    np.savez(npz, x_train=x[:500], y_train=y[:500], x_test=x[500:], y_test=y[500:])
+    common = dict(speeds=[1, 3], quiet=True, probe_steps=1, global_batch=64)
+    reg = world2.run("training:train", data=str(npz), loss="mse", epochs=6, lr=0.01,
+                     out=str(tmp_path / "mse.json"), **common).root
+    maes = [e["test_mae"] for e in reg["epochs"]]
+    assert maes[-1] < 0.5 * maes[0], maes
+    assert reg["final_test_mae"] == maes[-1] and reg["best_test_mae"] == min(maes)
+    assert "final_test_accuracy" not in reg
+    hinge = world2.run("training:train", loss="categorical_hinge", epochs=4,
+                       out=str(tmp_path / "hinge.json"), **common).root
+    assert hinge["final_test_accuracy"] > 0.8, hinge["epochs"][-1]

@@ -11,6 +11,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import HetgradError, InputFileError
+from ..targets import CLASSES, VALUES
 from .sources import Dataset, Field, Source
 
 NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
@@ -78,20 +79,25 @@ def _images(peak: float):
     return convert
 
 
-def _split(name: str, x: np.ndarray, y: np.ndarray) -> ArraySource:
-    return ArraySource(x, np.asarray(y).astype(np.int64).ravel(), name=name,
-                       convert=_images(float(x.max()) if x.size else 1.0))
+def _split(name: str, x: np.ndarray, y: np.ndarray, values: bool) -> ArraySource:
+    y = (np.asarray(y, np.float32).reshape(len(y), -1) if values
+         else np.asarray(y).astype(np.int64).ravel())
+    return ArraySource(x, y, name=name, convert=_images(float(x.max()) if x.size else 1.0))
 
 
-def _prepare(name: str, arrays: dict) -> Dataset:
-    train = _split(name, arrays["x_train"], arrays["y_train"])
-    test = _split(f"{name} (test)", arrays["x_test"], arrays["y_test"])
+def _prepare(name: str, arrays: dict, targets: str = CLASSES) -> Dataset:
+    """The arrays as a dataset: ``targets`` CLASSES (integer labels, one output per class) or
+    VALUES (float targets as rows, one output per column)."""
+    values = targets == VALUES
+    train = _split(name, arrays["x_train"], arrays["y_train"], values)
+    test = _split(f"{name} (test)", arrays["x_test"], arrays["y_test"], values)
     x_shape = train.signature[0].shape
-    classes = int(max(arrays["y_train"].max(), arrays["y_test"].max())) + 1
-    return Dataset(name, train, test, tuple(x_shape), classes)
+    outputs = (train.signature[1].shape[0] if values
+               else int(max(arrays["y_train"].max(), arrays["y_test"].max())) + 1)
+    return Dataset(name, train, test, tuple(x_shape), outputs)
 
 
-def load_npz(path: str | Path, *, field: str = "data") -> Dataset:
+def load_npz(path: str | Path, *, field: str = "data", targets: str = CLASSES) -> Dataset:
     """Read a Keras-style ``.npz`` (x_train, y_train, x_test, y_test); errors name the file."""
     path = Path(path)
     try:
@@ -105,13 +111,14 @@ def load_npz(path: str | Path, *, field: str = "data") -> Dataset:
         raise
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
         raise InputFileError(f"cannot read {path} as .npz: {exc}", field=field) from None
-    check_arrays(path, arrays, field)
-    return _prepare(path.stem, arrays)
+    check_arrays(path, arrays, field, targets)
+    return _prepare(path.stem, arrays, targets)
 
 
-def check_arrays(path: Path, arrays: dict, field: str = "data") -> None:
-    """What training needs of a dataset's arrays; the first problem raises
-    :class:`InputFileError` naming the file and the array."""
+def check_arrays(path: Path, arrays: dict, field: str = "data", targets: str = CLASSES) -> None:
+    """What training needs of a dataset's arrays (class labels, or with ``targets`` VALUES
+    finite targets); the first problem raises :class:`InputFileError` naming the file and
+    the array."""
     def bad(text: str):
         raise InputFileError(f"{path}: {text}", field=field)
 
@@ -126,14 +133,23 @@ def check_arrays(path: Path, arrays: dict, field: str = "data") -> None:
             bad(f"x_{split} has {len(x)} samples, y_{split} {len(y)}")
         if len(y) == 0:
             bad(f"x_{split} is empty")
+        for key, a in ((f"x_{split}", x), (f"y_{split}", y)):
+            if np.issubdtype(a.dtype, np.floating) and not np.isfinite(a).all():
+                bad(f"{key} holds {int(np.size(a) - np.isfinite(a).sum())} NaN/Inf values")
+        if targets == VALUES:
+            continue
         if np.size(y) != len(y):
-            bad(f"y_{split} has shape {y.shape}; need one integer label per sample")
-        if np.issubdtype(x.dtype, np.floating) and not np.isfinite(x).all():
-            bad(f"x_{split} holds {int(np.size(x) - np.isfinite(x).sum())} NaN/Inf values")
+            bad(f"y_{split} has shape {y.shape}; need one integer label per sample (or a "
+                "regression --loss such as mse for value targets)")
         _check_labels(y.ravel(), f"y_{split}", bad)
     if arrays["x_train"].shape[1:] != arrays["x_test"].shape[1:]:
         bad(f"x_test samples have shape {arrays['x_test'].shape[1:]}, x_train's "
             f"{arrays['x_train'].shape[1:]}")
+    if targets == VALUES:
+        if arrays["y_train"].shape[1:] != arrays["y_test"].shape[1:]:
+            bad(f"y_test has shape {arrays['y_test'].shape[1:]} per sample, y_train "
+                f"{arrays['y_train'].shape[1:]}")
+        return
     classes = int(arrays["y_train"].max()) + 1
     if int(arrays["y_test"].max()) >= classes:
         bad(f"y_test has label {int(arrays['y_test'].max())}, but y_train only labels "
@@ -174,19 +190,32 @@ def synthetic(n_train: int = 4096, n_test: int = 1024, shape: tuple[int, ...] = 
                    tuple(shape), num_classes)
 
 
-def load(spec: str) -> Dataset:
+def load(spec: str, targets: str = CLASSES) -> Dataset:
     """``digits`` | ``synthetic`` | a path to a ``.npz`` file | a converted dataset
-    directory (:mod:`.records`)."""
-    if spec == "digits":
-        return digits()
-    if spec == "synthetic":
-        return synthetic()
+    directory (:mod:`.records`); ``targets``: what the labels are to the loss
+    (:mod:`hetgrad.targets`)."""
+    if spec in ("digits", "synthetic"):
+        data = digits() if spec == "digits" else synthetic()
+        return data if targets != VALUES else _as_values(data)
     path = Path(spec)
     if path.is_dir():
+        if targets == VALUES:
+            raise InputFileError(f"{spec}: a dataset directory holds class labels; regression "
+                                 "from record files is not supported yet (use a .npz)",
+                                 field="data")
         from .records import open_dataset
         return open_dataset(path)
     if not path.exists():
         raise InputFileError(f"no such dataset or file: {spec!r} (use digits, synthetic, a .npz "
                              "path or a dataset directory from `hetgrad data convert`)",
                              field="data")
-    return load_npz(spec)
+    return load_npz(spec, targets=targets)
+
+
+def _as_values(data: Dataset) -> Dataset:
+    """An embedded set's integer labels as one float target each (regressing the label)."""
+    def values(split: ArraySource) -> ArraySource:
+        x, y = split.arrays
+        return ArraySource(x, y.astype(np.float32).reshape(-1, 1), name=split.name,
+                           convert=split.convert)
+    return Dataset(data.name, values(data.train), values(data.test), data.input_shape, 1)
