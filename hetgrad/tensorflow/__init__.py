@@ -13,7 +13,8 @@ custom training loops::
 ``DistributedGradientTape`` returns ``sum_i w_i g_i`` (:class:`hetgrad.tape.DistributedGradientTape`:
 ``samples=`` or ``weight=``/``plan=`` make uneven batches exact; without them the ranks weigh
 equally, as Horovod's average). ``broadcast_variables`` takes Keras 3 variables too. Every
-other name is Horovod's own.
+other name of ``horovod.tensorflow`` (``allgather_object``, ``join``, ``elastic``,
+``SyncBatchNormalization``, ...) is Horovod's own, looked up there.
 """
 from __future__ import annotations
 
@@ -32,6 +33,15 @@ def broadcast_variables(variables, root_rank: int = 0) -> None:
     if callable(variables):
         variables = variables()
     _hvd.broadcast_variables(tf_variables(list(variables)), root_rank=root_rank)
+
+
+def __getattr__(name: str):
+    """Any other ``horovod.tensorflow`` name, as Horovod has it."""
+    try:
+        return getattr(_hvd, name)
+    except AttributeError:
+        raise AttributeError(f"module 'hetgrad.tensorflow' has no attribute {name!r} (nor "
+                             "has horovod.tensorflow)") from None
 
 
 __all__ = ["DistributedGradientTape", "broadcast_variables", "init", "is_initialized",
