@@ -4,8 +4,7 @@ state, the host-side sparse exchange), on Horovod's world under every launcher.
 Gradients go through Horovod's collectives in the graph; this layer carries the rest. Two
 implementations of one small interface, picked by :func:`connect`:
 
-- :class:`MPIComm` (mpi4py) where MPI's world is Horovod's: ``mpirun``, ``srun``,
-  ``horovodrun`` with MPI;
+- :class:`MPIComm` (mpi4py) where MPI's world is Horovod's: mpirun, srun, horovodrun --mpi;
 - :class:`HorovodComm` (Horovod's own collectives) under ``horovodrun --gloo``, where every
   process is an MPI world of one.
 """
@@ -43,6 +42,10 @@ class Comm:
     def abort(self, code: int) -> None:
         """End every rank now (after this rank printed why)."""
         raise NotImplementedError
+
+    def stale(self) -> bool:
+        """Whether Horovod's world is no longer the one this channel was made for."""
+        return False
 
     def gather(self, obj: Any, root: int = 0) -> list | None:
         """Every rank's ``obj`` on ``root``, None elsewhere."""
@@ -161,6 +164,10 @@ class HorovodComm(Comm):
         self.hvd = hvd
         self.rank, self.size = hvd.rank(), hvd.size()
         self._calls = itertools.count()
+
+    def stale(self) -> bool:   # an elastic job re-initialises Horovod on a new world
+        return (not self.hvd.is_initialized()
+                or (self.hvd.rank(), self.hvd.size()) != (self.rank, self.size))
 
     def _name(self, kind: str) -> str:
         return f"hetgrad_{kind}_{next(self._calls)}"

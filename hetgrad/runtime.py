@@ -58,11 +58,20 @@ GRACE_S = 20.0  # how long a rank lets the rank that found an error report and a
 
 def init() -> Comm:
     """Start Horovod (and MPI where it is the launcher's world) once; return the control
-    channel of Horovod's world (see :mod:`hetgrad.comm`). Idempotent."""
+    channel of Horovod's world (see :mod:`hetgrad.comm`). Idempotent; a new channel when
+    Horovod's world changed (an elastic job's ranks joined or left)."""
     global _WORLD
-    if _WORLD is None:
+    if _WORLD is None or _WORLD.stale():
         _WORLD = connect()
     return _WORLD
+
+
+def forget() -> None:
+    """Drop the control channel: Horovod was started again on a new world (an elastic
+    reset), so the next :func:`init` makes a new one, its message count from zero on every
+    rank, the ranks that joined included."""
+    global _WORLD
+    _WORLD = None
 
 
 def control(threads: int = 1, device: str = "cpu") -> Comm:

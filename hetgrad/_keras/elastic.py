@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import horovod.tensorflow as hvd
 import tensorflow as tf
-from horovod.common.elastic import ObjectState
+from horovod.common.elastic import ObjectState, run_fn
+from horovod.common.exceptions import HorovodInternalError
 
 from .. import compat
+from ..runtime import forget
 
 keras = compat.keras
 
@@ -53,6 +55,27 @@ class KerasState(ObjectState):
 
 
 TensorFlowKerasState = KerasState
+
+
+def run(func):
+    """Horovod's elastic ``run``: ``func(state, ...)`` again, after the state's ``sync``,
+    whenever ranks join or leave (or one fails); Horovod is restarted on the new world in
+    between, and hetgrad's control channel with it."""
+    def wrapper(state, *args, **kwargs):
+        try:
+            return func(state, *args, **kwargs)
+        except tf.errors.UnknownError as exc:   # a collective broken by a lost rank
+            if any(op in exc.message for op in ("HorovodAllreduce", "HorovodAllgather",
+                                                "HorovodBroadcast")):
+                raise HorovodInternalError(exc) from exc
+            raise
+    return run_fn(wrapper, _reset)
+
+
+def _reset() -> None:
+    hvd.shutdown()
+    hvd.init()
+    forget()
 
 
 class CommitStateCallback(keras.callbacks.Callback):

@@ -4,10 +4,8 @@ keep the state current. Under an elastic ``horovodrun`` the ranks that stay keep
 weights; the wrapped function runs again on the new world, where ``hk.fit`` (or a new plan)
 splits the global batch over the ranks there are, and ``weight="samples"`` weighs whatever
 batches they get exactly."""
-from horovod.tensorflow.elastic import run
-
 from .._keras.elastic import (CommitStateCallback, KerasState, TensorFlowKerasState,
-                              UpdateBatchStateCallback, UpdateEpochStateCallback)
+                              UpdateBatchStateCallback, UpdateEpochStateCallback, run)
 
 __all__ = ["KerasState", "TensorFlowKerasState", "run", "CommitStateCallback",
            "UpdateBatchStateCallback", "UpdateEpochStateCallback"]
