@@ -30,7 +30,12 @@ class KerasState(ObjectState):
         super().__init__(bcast_object=hvd.broadcast_object, get_rank=hvd.rank, **kwargs)
 
     def _variables(self) -> list:
-        own = compat.optimizer_variables(self.optimizer) if self.optimizer is not None else []
+        """The model's and the optimizer's variables -- its slots created first, so a rank
+        that just joined holds as many as the others."""
+        if self.optimizer is None:
+            return compat.tf_variables(self.model.variables)
+        compat.build_optimizer(self.optimizer, self.model.trainable_variables)
+        own = compat.optimizer_variables(self.optimizer)
         return compat.tf_variables([*self.model.variables, *own])
 
     def save(self):
