@@ -21,6 +21,7 @@ def test_probe_plan_shard_on_three_ranks(world3):
         assert [len(b) for b in r["refined_at"]] == [1, 1, 1], r
         assert sum(b for (b,) in r["refined_at"]) == 24 and r["through_point"], r
     assert sum(res["probe_plan"]) == 24
+    assert res["tf_data_probe"] == [[0, 3], [1, 3], [2, 3]], res["tf_data_probe"]  # a tf.data set
     assert res["plan"] == {"batches": [3, 7, 14], "last": [1, 1, 2]}  # 4 full steps + 4
     # a whole epoch with the partial final step equals one process on the global batches
     assert res["exact_err"] < 1e-6, res

@@ -51,6 +51,9 @@ def run() -> dict:
     two.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9), loss="mse")
     xd = {"a": x, "b": rng.normal(size=(N, 3)).astype(np.float32)}
     res["two_input"], _ = probe_leaves_state(two, xd, y)
+    from_ds = hk.probe(reg, tf.data.Dataset.from_tensor_slices((x, y)), global_batch=B,
+                       steps=2, warmup=1)   # what hk.shard takes, hk.probe takes
+    res["tf_data_probe"] = [[p.rank, len(p.points)] for p in from_ds]
 
     # 2. the plan from the probe; a fixed plan for the exactness check (speeds 1, 2, 4)
     res["probe_plan"] = hetgrad.make_plan(perf, B, N).batches
