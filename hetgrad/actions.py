@@ -68,7 +68,7 @@ class Evaluation(Action):
         self.batches = None
 
     def on_epoch_end(self, job, epoch, row):
-        if job.rank != 0:
+        if job.rank != 0 or job.progress.stopped_at_step:   # stopping: no time to score
             return
         if self.batches is None:
             from .data.reader import in_order
@@ -106,6 +106,8 @@ class Balance(Action):
     def on_epoch_end(self, job, epoch, row):
         busy, wait = job.aggregation.timer.read()
         row.update(busy_s=busy, wait_s=wait)
+        if job.progress.stopped_at_step or job.progress.first_step:
+            return   # a partial epoch: its timings are not an epoch's
         new = self.rebalancer.after_epoch(epoch, job.plan, busy, wait)
         if new is job.plan:
             return
@@ -194,6 +196,9 @@ class UserCallbacks(Action):
 
     def callbacks(self, job):
         return [self.adapter]
+
+    def on_epoch_begin(self, job, epoch):
+        self.adapter.first, self.adapter.steps = job.progress.first_step, job.plan.steps_per_epoch
 
     def on_train_end(self, job):
         self.adapter.finish()

@@ -37,7 +37,7 @@ def listening():
     """Record :data:`STOP_SIGNAL` instead of dying of it (its default action) while inside;
     nothing is installed outside the main thread. Nested (``hetgrad train`` listens from
     start-up, the epoch loop again), the outer one's handler and request are kept: a request
-    during the probe is honoured at the first epoch end."""
+    during the probe is honoured after the first step."""
     global _requested, _depth
     if _depth:
         _depth += 1

@@ -72,6 +72,8 @@ def forget() -> None:
     rank, the ranks that joined included."""
     global _WORLD
     _WORLD = None
+    from .tape import forget_aggregations
+    forget_aggregations()
 
 
 def control(threads: int = 1, device: str = "cpu") -> Comm:

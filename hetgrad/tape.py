@@ -63,6 +63,11 @@ class DistributedGradientTape:
 _MADE: dict = {}   # one aggregation per setting, for every step's new tape (and every trace)
 
 
+def forget_aggregations() -> None:
+    """Start the tapes' aggregations afresh (a new world: an elastic reset)."""
+    _MADE.clear()
+
+
 def _aggregation(weight, plan, rank, compression, sparse_as_dense, check_finite,
                  name) -> Aggregation:
     """The aggregation of these settings, made once (outside any ``tf.function``: its

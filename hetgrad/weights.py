@@ -75,7 +75,8 @@ class SampleWeight:
     gives the normalized weight (the sparse memory and accumulated passes need it)."""
 
     def __init__(self, name: str = "hetgrad", fused: bool = False):
-        self.count = tf.Variable(0, dtype=tf.int32, trainable=False, name="hetgrad_local_count")
+        self.count = tf.Variable(-1, dtype=tf.int32, trainable=False,   # -1: not counted
+                                 name="hetgrad_local_count")
         self.said = tf.Variable(False, trainable=False, name="hetgrad_said_uncounted")
         self.name = name
         self.fused = fused
@@ -83,14 +84,14 @@ class SampleWeight:
     def local_count(self) -> tf.Tensor:
         """This step's ``n_i`` (1 when the step did not set it)."""
         n = self.count.read_value()
-        known = n > 0
+        known = n >= 0
         said = tf.cond(known | self.said, lambda: tf.constant(True), self._say_uncounted)
         with tf.control_dependencies([said]):
             return tf.where(known, tf.cast(n, tf.float32), 1.0)
 
     def used(self) -> None:
         """The step's exchange is done: the next one counts anew."""
-        self.count.assign(0)
+        self.count.assign(-1)
 
     def _say_uncounted(self) -> tf.Tensor:
         ops = [self.said.assign(True)]

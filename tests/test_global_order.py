@@ -41,6 +41,13 @@ def test_stopped_mid_epoch_and_resumed_is_bit_identical(world3, tmp_path):
     assert r["vs_one_process"] < 1e-5, r
 
 
+def test_a_learning_rate_warm_up_resumes_mid_epoch_bit_identically(world3, tmp_path):
+    """The user's per-step LR callback sees the resumed epoch's steps where they are."""
+    r = world3.run("global_order:stopped_and_resumed", str(tmp_path / "ckpt"), 3, 1, 4,
+                   warmup=True).root
+    assert (r["exit"], r["step"]) == (75, 4) and r["vs_straight"] == 0.0, r
+
+
 def test_stopped_mid_epoch_on_two_ranks_resumes_on_three(world2, world3, tmp_path):
     ckpt = str(tmp_path / "ckpt")
     stop = world2.run("global_order:stopped_in_epoch", ckpt, 3, 1, 6).root

@@ -84,38 +84,54 @@ def _reset() -> None:
 
 
 class CommitStateCallback(keras.callbacks.Callback):
-    """``state.commit()`` every ``batches_per_commit`` batches (Horovod's)."""
+    """``state.commit()`` (a collective) every ``batches_per_commit`` batches, counted from
+    each ``fit``'s start on every rank alike, and at every epoch end (Horovod's)."""
 
     def __init__(self, state: KerasState, batches_per_commit: int = 1):
         super().__init__()
         self.state, self.every, self.done = state, batches_per_commit, 0
+
+    def on_train_begin(self, logs=None):
+        self.done = 0   # a rank that just joined counts from where the others do
 
     def on_batch_end(self, batch, logs=None):
         self.done += 1
         if self.done % self.every == 0:
             self.state.commit()
 
+    def on_epoch_end(self, epoch, logs=None):
+        self.state.commit()
+
 
 class UpdateBatchStateCallback(keras.callbacks.Callback):
-    """``state.batch``: the batches done of the epoch (0 at its end), Horovod's."""
+    """``state.batch``: the index of the last batch done (0 again at the epoch end), as
+    Horovod's."""
 
     def __init__(self, state: KerasState):
         super().__init__()
         self.state = state
 
     def on_batch_end(self, batch, logs=None):
-        self.state.batch = batch + 1
+        self.state.batch = batch
 
     def on_epoch_end(self, epoch, logs=None):
         self.state.batch = 0
 
 
 class UpdateEpochStateCallback(keras.callbacks.Callback):
-    """``state.epoch``: the epochs done, Horovod's."""
+    """``state.epoch``: the epochs done, whether ``fit`` restarts its count (Horovod's
+    ``fit(epochs=E - state.epoch)``) or goes on (``initial_epoch=state.epoch``)."""
 
     def __init__(self, state: KerasState):
         super().__init__()
-        self.state = state
+        self.state, self.offset = state, None
+
+    def on_train_begin(self, logs=None):
+        self.offset = None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if self.offset is None:
+            self.offset = self.state.epoch - epoch
 
     def on_epoch_end(self, epoch, logs=None):
-        self.state.epoch = epoch + 1
+        self.state.epoch = self.offset + epoch + 1

@@ -122,6 +122,7 @@ class _Keras2(_Hooked):
     def apply_gradients(self, grads_and_vars, *args, **kwargs):
         grads_and_vars = list(grads_and_vars)
         if not grads_and_vars:  # nothing to exchange; Keras treats it as a no-op
+            self._hetgrad_seeded = self._hetgrad_exchanged = False
             return super().apply_gradients(grads_and_vars, *args, **kwargs)
         grads, variables = zip(*grads_and_vars)
         apply = super().apply_gradients

@@ -53,8 +53,8 @@ def DistributedOptimizer(optimizer, weight=None, *, plan=None, rank: int | None 
     ``sparse_as_dense``); ``sparsify`` (a policy name or a :class:`hetgrad.sparse.Sparsify`)
     makes it the in-graph top-k exchange with error feedback instead.
     ``check_finite`` (off by default, as in Horovod, and under a loss scale; ``hk.fit`` and
-    ``hetgrad train`` turn it on): a NaN/Inf in this rank's local gradients fails its step with
-    :data:`~hetgrad.aggregate.NONFINITE`, naming the rank. ``backward_passes_per_step`` N: accumulate N steps'
+    ``hetgrad train`` turn it on for the optimizer they wrap): a NaN/Inf in this rank's local
+    gradients fails its step with :data:`~hetgrad.aggregate.NONFINITE`, naming the rank. ``backward_passes_per_step`` N: accumulate N steps'
     weighted gradients locally, exchange and apply their sum (their mean with
     ``average_aggregated_gradients``) every N-th step, as Horovod does.
 

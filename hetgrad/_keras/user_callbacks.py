@@ -45,12 +45,15 @@ def progress_callbacks(verbose: int, rank: int) -> list:
 class OneFit(keras.callbacks.Callback):
     """Keras callbacks that see many ``model.fit`` calls of one epoch each as one ``fit``:
     ``on_train_begin`` once, ``on_train_end`` at :meth:`finish`, ``params["epochs"]`` the
-    run's epochs. The loop adds it after the metric average: they see metrics over all ranks."""
+    run's epochs, ``params["steps"]`` the epoch's (``steps``) and batch indices counted from
+    its start (``first``: a resumed epoch's first step). The loop adds it after the metric
+    average: they see metrics over all ranks."""
 
     def __init__(self, callbacks: Sequence, epochs: int):
         super().__init__()
         self.inner, self.total = list(callbacks), epochs
         self.started, self.last_logs, self.forwarded = False, None, None
+        self.first, self.steps = 0, None
 
     def set_model(self, model):
         if model is not self.forwarded:   # once a run (TensorBoard opens its writers there)
@@ -63,7 +66,8 @@ class OneFit(keras.callbacks.Callback):
         super().set_params(params)
         for cb in self.inner:
             verbose = getattr(cb, "hetgrad_verbose", params.get("verbose"))
-            cb.set_params({**params, "epochs": self.total, "verbose": verbose})
+            cb.set_params({**params, "epochs": self.total, "verbose": verbose,
+                           **({"steps": self.steps} if self.steps else {})})
 
     def on_train_begin(self, logs=None):
         if not self.started:
@@ -82,13 +86,17 @@ class OneFit(keras.callbacks.Callback):
             getattr(cb, hook)(*args)
 
 
-def _forward(hook: str):
+def _forward(hook: str, batch: bool = False):
     def method(self, *args, **kwargs):
+        if batch:   # the step's index in the whole epoch
+            args = (args[0] + self.first, *args[1:])
         self._call(hook, *args)
     method.__name__ = hook
     return method
 
 
-for _hook in ("on_epoch_begin", "on_epoch_end", "on_train_batch_begin", "on_train_batch_end",
-              "on_test_begin", "on_test_end", "on_test_batch_begin", "on_test_batch_end"):
+for _hook in ("on_epoch_begin", "on_epoch_end", "on_test_begin", "on_test_end",
+              "on_test_batch_begin", "on_test_batch_end"):
     setattr(OneFit, _hook, _forward(_hook))
+for _hook in ("on_train_batch_begin", "on_train_batch_end"):
+    setattr(OneFit, _hook, _forward(_hook, batch=True))

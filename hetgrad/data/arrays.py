@@ -159,7 +159,8 @@ def check_arrays(path: Path, arrays: dict, field: str = "data", targets: str = C
 def _check_labels(y: np.ndarray, key: str, bad) -> None:
     if np.issubdtype(y.dtype, np.floating):
         if not np.isfinite(y).all() or (y != np.round(y)).any():
-            bad(f"{key} holds non-integer labels; class labels must be integers 0..C-1")
+            bad(f"{key} holds non-integer labels; class labels must be integers 0..C-1 (for "
+                "value targets give a regression --loss such as mse)")
     if (y < 0).any():
         bad(f"{key} holds negative label {int(y.min())}; labels must be 0..C-1")
 

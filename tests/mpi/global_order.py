@@ -178,12 +178,17 @@ def _fit(model, epochs: int, **kw):
                   plan=hetgrad.make_plan([1.0 + r for r in range(size)], B, N), verbose=0, **kw)
 
 
-def stopped_in_epoch(ckpt: str, epochs: int, epoch: int, step: int) -> dict:
+def _warmup(on: bool) -> list:
+    """Horovod's LR warm-up over 3 epochs, set every step (or nothing)."""
+    return [hk.callbacks.LearningRateWarmupCallback(initial_lr=LR, warmup_epochs=3)] if on else []
+
+
+def stopped_in_epoch(ckpt: str, epochs: int, epoch: int, step: int, warmup: bool = False) -> dict:
     """hk.fit with checkpoints in ``ckpt``, asked to stop by a signal to the last rank after
     step ``step`` of epoch ``epoch`` (0-based): the exit code and the saved state."""
     try:
         _fit(_model(), epochs, checkpoint_dir=ckpt,
-             callbacks=[_SignalAt(epoch, step, hetgrad.init().size - 1)])
+             callbacks=[_SignalAt(epoch, step, hetgrad.init().size - 1), *_warmup(warmup)])
         code = None
     except Preempted as exc:
         code = exc.code
@@ -192,16 +197,17 @@ def stopped_in_epoch(ckpt: str, epochs: int, epoch: int, step: int) -> dict:
             "checkpoint": state["checkpoint"]}
 
 
-def stopped_and_resumed(ckpt: str, epochs: int, epoch: int, step: int) -> dict:
+def stopped_and_resumed(ckpt: str, epochs: int, epoch: int, step: int,
+                        warmup: bool = False) -> dict:
     """The same run three ways on these ranks: straight through, stopped after step ``step``
     of epoch ``epoch`` (:func:`stopped_in_epoch`), and resumed from that checkpoint into a
     model of other initial weights: the stop and how far the resumed weights are from the
     straight run's (bit for bit: 0.0) and from one process."""
     straight = _model()
-    _fit(straight, epochs)
-    stop = stopped_in_epoch(ckpt, epochs, epoch, step)
+    _fit(straight, epochs, callbacks=_warmup(warmup))
+    stop = stopped_in_epoch(ckpt, epochs, epoch, step, warmup)
     resumed = _model(seed=11)
-    hist = _fit(resumed, epochs, checkpoint_dir=ckpt, resume=True)
+    hist = _fit(resumed, epochs, checkpoint_dir=ckpt, resume=True, callbacks=_warmup(warmup))
     return {**stop, "resumed_epochs": hist.epoch,
             "vs_straight": float(np.max(np.abs(_flat(resumed) - _flat(straight)))),
             "vs_one_process": float(np.max(np.abs(_flat(resumed) - reference(epochs))))}
