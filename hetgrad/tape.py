@@ -8,7 +8,7 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from .aggregate import Aggregation, DenseReducer, SampleWeight, new_step_counter, scaled
-from .weights import make_weight
+from .weights import horovod_weight, make_weight
 
 
 class DistributedGradientTape:
@@ -21,18 +21,15 @@ class DistributedGradientTape:
     says so once) -- ``"plan"`` (the default with ``plan=``): the plan's per-step shares, the
     step counted per call; a float ``b_i / B``; ``op=hvd.Sum``: Horovod's plain sum. Horovod's
     ``device_dense``/``device_sparse`` are accepted and unused. ``check_finite`` (off, as in
-    Horovod): a NaN/Inf in this rank's gradients fails the call. Any other attribute is the tape's."""
+    Horovod): a NaN/Inf in this rank's gradients fails the call. Any other attribute is the
+    tape's."""
 
     def __init__(self, gradtape: tf.GradientTape, weight=None, *, plan=None,
                  rank: int | None = None, compression=hvd.Compression.none,
                  sparse_as_dense: bool = False, op=hvd.Average, check_finite: bool = False,
                  name: str = "hetgrad_tape", device_dense: str = "", device_sparse: str = ""):
         self._tape = gradtape
-        if op == hvd.Sum and weight is None:
-            weight = 1.0            # Horovod's op=Sum: every rank's gradient as it is
-        elif op != hvd.Average:
-            raise ValueError("DistributedGradientTape combines with op=Average (weighted) or "
-                             "op=Sum")
+        weight = horovod_weight(weight, op=op)
         self.hetgrad = _aggregation(weight, plan, rank, compression, sparse_as_dense,
                                     check_finite, name)
 

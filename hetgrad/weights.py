@@ -122,3 +122,32 @@ def make_weight(weight, plan, rank: int | None, step: tf.Variable, name: str, fu
     if isinstance(weight, (int, float)) and not isinstance(weight, bool):
         return FixedWeight(weight)
     raise ValueError(f"weight must be a float share, 'plan' or 'samples', got {weight!r}")
+
+
+HOROVOD_IGNORED = ("device_dense", "device_sparse", "gradient_predivide_factor", "num_groups",
+                   "groups")
+
+
+def horovod_weight(weight, op=hvd.Average, process_set=None, scale_local_gradients=True,
+                   **ignored):
+    """The weight Horovod's ``op`` means -- ``Average``: the weighted sum, ``Sum``: every rank's
+    gradient as it is -- with Horovod's other keywords checked: ``device_dense``,
+    ``device_sparse``, ``gradient_predivide_factor``, ``num_groups``, ``groups`` accepted
+    (placement and fusion are Horovod's business), ``process_set`` the global one only,
+    ``scale_local_gradients`` True only."""
+    unknown = sorted(set(ignored) - set(HOROVOD_IGNORED))
+    if unknown:
+        raise TypeError(f"unexpected keyword argument(s) {unknown}")
+    if process_set is not None and process_set is not hvd.global_process_set:
+        raise ValueError("hetgrad exchanges over all ranks: process_set must be the global one")
+    if not scale_local_gradients:
+        raise ValueError("hetgrad weighs local gradients like every other: "
+                         "scale_local_gradients=False is not supported")
+    if op == hvd.Sum:
+        if weight is not None:
+            raise ValueError("op=Sum is a plain sum: give no weight")
+        return 1.0
+    if op != hvd.Average:
+        raise ValueError("hetgrad combines gradients as a weighted sum: op must be Average "
+                         "(the weighted sum) or Sum")
+    return weight

@@ -15,7 +15,7 @@ from ..aggregate import (Aggregation, DenseReducer, FixedWeight, PlanWeight, Red
                          new_step_counter)
 from ..sparse.reducer import SparseReducer
 from ..sparse.settings import Sparsify
-from ..weights import make_weight
+from ..weights import horovod_weight, make_weight
 from .counting import count_on_compile
 from .found import aggregation_in, aggregation_of
 from .hooks import hooked_class
@@ -93,35 +93,6 @@ def DistributedOptimizer(optimizer, weight=None, *, plan=None, rank: int | None 
     _check_inter_op_threads()
     count_on_compile(compat.keras.Model)   # Keras' train steps record their batch size
     return opt
-
-
-HOROVOD_IGNORED = ("device_dense", "device_sparse", "gradient_predivide_factor", "num_groups",
-                   "groups")
-
-
-def horovod_weight(weight, op=hvd.Average, process_set=None, scale_local_gradients=True,
-                   **ignored):
-    """The weight Horovod's ``op`` means -- ``Average``: the weighted sum, ``Sum``: every rank's
-    gradient as it is -- with Horovod's other keywords checked: ``device_dense``,
-    ``device_sparse``, ``gradient_predivide_factor``, ``num_groups``, ``groups`` accepted
-    (placement and fusion are Horovod's business), ``process_set`` the global one only,
-    ``scale_local_gradients`` True only."""
-    unknown = sorted(set(ignored) - set(HOROVOD_IGNORED))
-    if unknown:
-        raise TypeError(f"DistributedOptimizer got unexpected keyword argument(s) {unknown}")
-    if process_set is not None and process_set is not hvd.global_process_set:
-        raise ValueError("hetgrad exchanges over all ranks: process_set must be the global one")
-    if not scale_local_gradients:
-        raise ValueError("hetgrad weighs local gradients like every other: "
-                         "scale_local_gradients=False is not supported")
-    if op == hvd.Sum:
-        if weight is not None:
-            raise ValueError("op=Sum is a plain sum: give no weight")
-        return 1.0
-    if op != hvd.Average:
-        raise ValueError("hetgrad combines gradients as a weighted sum: op must be Average "
-                         "(the weighted sum) or Sum")
-    return weight
 
 
 def PartialDistributedOptimizer(optimizer, name: str | None = None, local_layers=None,
