@@ -122,6 +122,13 @@ class DenseReducer(Reducer):
                               name=f"{self.name}.dense{i}") for i, t in enumerate(tensors)]
 
 
+def _zero_if(flag: tf.Tensor, g):
+    """``g``, or zeros of its shape where ``flag`` holds."""
+    if isinstance(g, tf.IndexedSlices):
+        return tf.IndexedSlices(_zero_if(flag, g.values), g.indices, g.dense_shape)
+    return tf.cond(flag, lambda: tf.zeros_like(g), lambda: tf.identity(g))
+
+
 def finite_everywhere(grads: list, name: str) -> tf.Tensor:
     """Whether every rank's ``grads`` are finite: one scalar allreduce of the count of
     NaN/Inf entries."""
@@ -149,19 +156,24 @@ class Aggregation:
         self.check = FiniteCheck(getattr(self.reducer, "name", "hetgrad")) \
             if check_finite else None
         self.timer: StepTimer | None = StepTimer()   # None: untimed (benchmarks only)
+        # this rank holds no sample of the pass (set by a train step that counted none, or
+        # by a weight of 0; cleared by :meth:`weighted`)
+        self.idle = tf.Variable(False, trainable=False, name="hetgrad_idle")
 
     @property
     def check_finite(self) -> bool:
         return self.check is not None
 
     def loss_scaled(self) -> "Aggregation":
-        """This aggregation (the same weight, reducer and step count) for an optimizer with a
-        loss scale inside: no finite check of its own (the loss scale skips such steps), and a
-        stateful reducer's exchange skipped together."""
+        """This aggregation (the same weight, reducer, step count and idle flag) for an
+        optimizer with a loss scale inside: no finite check of its own (the loss scale skips
+        such steps), and a stateful reducer's exchange skipped together."""
         if isinstance(self.weight, SampleWeight):
             self.weight.fused = False   # seeded with w_i <= 1, not n_i (float16 overflow)
-        return Aggregation(self.weight, self.reducer, check_finite=False, step=self.step,
-                           skip_together=self.reducer.check_local)
+        scaled_ = Aggregation(self.weight, self.reducer, check_finite=False, step=self.step,
+                              skip_together=self.reducer.check_local)
+        scaled_.idle = self.idle
+        return scaled_
 
     def count_step(self) -> None:
         """One more backward pass taken (every pass, exchanged or accumulated, skipped by a
@@ -171,7 +183,21 @@ class Aggregation:
     def local_weight(self) -> tf.Tensor:
         """What this rank's backward pass is seeded with: ``w_i`` (the weights sum to 1 over
         the ranks), or ``n_i`` for a fused sample weight (divided out after the exchange)."""
-        return tf.cast(self.weight(), tf.float32)
+        w = tf.cast(self.weight(), tf.float32)
+        with tf.control_dependencies([self.idle.assign(self.idle | tf.equal(w, 0.0))]):
+            return tf.identity(w)
+
+    def weighted(self, grads: list, seeded: bool = False) -> list:
+        """This pass's ``w_i g_i``: ``grads`` times :meth:`local_weight` (unless the pass was
+        seeded with it); exact zeros on a rank with no sample in the pass (:attr:`idle`),
+        whose gradient of an empty batch may be NaN (BatchNormalization's is)."""
+        if not seeded:
+            grads = scaled(grads, self.local_weight())
+        idle = self.idle.read_value()
+        with tf.control_dependencies([idle]):
+            cleared = self.idle.assign(False)
+        with tf.control_dependencies([cleared]):
+            return [None if g is None else _zero_if(idle, g) for g in grads]
 
     def exchange(self, grads: list) -> list:
         """The exchanged sum of this rank's weighted ``grads`` (``skip_together``: a step with

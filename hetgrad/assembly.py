@@ -134,7 +134,7 @@ def _plan(spec: RunSpec, size: int, probed: list[ProbeResult]) -> Plan:
         return spec.plan
     speeds = spec.speeds if spec.speeds is not None else probed
     return make_plan(speeds, spec.global_batch, len(spec.data), min_batch=spec.min_batch,
-                     max_batch=spec.max_batch)
+                     max_batch=spec.max_batch, drop_remainder=spec.drop_remainder)
 
 
 def _check_plan(plan: Plan, size: int, n: int, global_batch: int) -> None:

@@ -22,7 +22,8 @@ PROBE_OPTIONS = ("data", "model", "loss", "emulate_speeds", "emulate_unit", "thr
                  "global_batch", "max_batch", "probe_batch", "probe_sizes", "probe_steps",
                  "probe_refine", "probe_timeout", "out")
 PROBE_OVERRIDES = {"out": dict(default="probe.json", help="where rank 0 writes the results")}
-PLAN_OPTIONS = ("speeds", "probe_file", "global_batch", "data", "min_batch", "max_batch", "out")
+PLAN_OPTIONS = ("speeds", "probe_file", "global_batch", "data", "min_batch", "max_batch",
+                "drop_remainder", "out")
 PLAN_OVERRIDES = {"probe_file": dict(flag="--probe", help="probe.json from `hetgrad probe`"),
                   "global_batch": dict(default=None, required=True),
                   "data": dict(default=None, help="dataset whose training size to use"),
@@ -146,7 +147,7 @@ def plan(dataset_size, **values):
             from .data import load as load_data
             n = len(load_data(v["data"]).train)
         p = make_plan(speeds, v["global_batch"], n, min_batch=v["min_batch"],
-                      max_batch=v["max_batch"])
+                      max_batch=v["max_batch"], drop_remainder=v["drop_remainder"])
         if v["out"]:
             p.save(v["out"])
             click.echo(f"hetgrad: plan -> {v['out']}", err=True)

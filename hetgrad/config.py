@@ -105,6 +105,8 @@ class TrainConfig:
     min_batch: int = setting(1, "smallest per-rank batch", check=at_least(1))
     max_batch: int | list[int] | None = setting(None, "per-rank batch cap: one int or one per "
                                                 "rank", parse=int_or_ints)
+    drop_remainder: bool = setting(False, "leave out each epoch's last N mod B samples "
+                                   "(reported) instead of a smaller final step")
     sparsify: str | None = setting(None, "send only top-k gradient entries, chosen by this "
                                    "policy", choices=tuple(POLICIES))
     density: float = setting(0.01, "fraction of each tensor's entries sent", check=fraction)

@@ -82,10 +82,13 @@ class Plan:
             if self.shard_starts[r] != pos:
                 raise HetgradError(f"shard of rank {r} does not start where rank {r - 1}'s ends")
             pos += self.shard_sizes[r]
-            steps = math.ceil(self.shard_sizes[r] / self.batches[r])
-            if steps != self.steps_per_epoch:
-                raise HetgradError(
-                    f"rank {r} would run {steps} steps, not {self.steps_per_epoch}")
+        lasts = self.last_batches()
+        for r, (last, b) in enumerate(zip(lasts, self.batches)):
+            if not 0 <= last <= b:
+                raise HetgradError(f"rank {r}'s shard does not make {self.steps_per_epoch} "
+                                   f"steps of {b} samples (the last of 0..{b})")
+        if sum(lasts) < 1:
+            raise HetgradError("the final step of the plan has no samples")
 
 
 def _caps(max_batch: Sequence[int] | int | None, p: int, min_batch: int,
@@ -110,7 +113,8 @@ def _caps(max_batch: Sequence[int] | int | None, p: int, min_batch: int,
 
 
 def make_plan(speeds: Sequence[float | StepModel], global_batch: int, dataset_size: int, *,
-              min_batch: int = 1, max_batch: Sequence[int] | int | None = None) -> Plan:
+              min_batch: int = 1, max_batch: Sequence[int] | int | None = None,
+              drop_remainder: bool = False) -> Plan:
     """Give each rank a batch that equalises the predicted step time, and a shard with equal
     steps per epoch.
 
@@ -119,9 +123,10 @@ def make_plan(speeds: Sequence[float | StepModel], global_batch: int, dataset_si
     (e.g. the probe's affine fit, whose
     fixed cost shifts work to the ranks it costs least). ``max_batch`` is a per-rank memory
     cap (one int for all, or one per rank). The dataset is split into ``ceil(N / B)`` steps;
-    the final step may be partial, with each rank keeping at least one sample in it. Samples
-    that cannot be placed that way (fewer than one per rank) are reported in ``Plan.dropped``,
-    never dropped silently. The plan records predicted step times (seconds) only when every
+    the final step may be partial (the tail ``N mod B``, split by the same rule, every rank
+    keeping at least one sample when there are as many; a rank with none joins the step's
+    exchange with weight 0). With ``drop_remainder`` the tail is left out instead and
+    reported in ``Plan.dropped``. The plan records predicted step times (seconds) only when every
     entry is a model or probe result: numbers are taken as relative speeds.
     """
     models, timed = _models(speeds)
@@ -140,7 +145,7 @@ def make_plan(speeds: Sequence[float | StepModel], global_batch: int, dataset_si
         raise ConfigError(f"dataset has {dataset_size} samples, fewer than the global batch "
                           f"{global_batch}", field="global_batch")
     batches = _equal_time_or_proportional(models, int(global_batch), [min_batch] * p, caps)
-    return _plan_of(models, batches, int(dataset_size), timed=timed)
+    return _plan_of(models, batches, int(dataset_size), timed=timed, drop=drop_remainder)
 
 
 MIN_GAIN = 0.03  # smallest predicted step-time gain worth a split away from the throughputs
@@ -159,22 +164,24 @@ def _equal_time_or_proportional(models, total: int, lo: list[int], hi: list[int]
     return batches
 
 
-def fixed_plan(batches: Sequence[int], dataset_size: int) -> Plan:
+def fixed_plan(batches: Sequence[int], dataset_size: int, drop_remainder: bool = False) -> Plan:
     """The plan with exactly these per-rank ``batches`` (e.g. a hand-made or searched split)."""
     if not batches or any(int(b) != b or b < 1 for b in batches):
         raise ConfigError(f"batches must be integers >= 1, got {list(batches)}", field="plan")
     if dataset_size < sum(batches):
         raise ConfigError(f"dataset has {dataset_size} samples, fewer than the global batch "
                           f"{sum(batches)}", field="global_batch")
-    return _plan_of([constant(b) for b in batches], [int(b) for b in batches], int(dataset_size))
+    return _plan_of([constant(b) for b in batches], [int(b) for b in batches], int(dataset_size),
+                    drop=drop_remainder)
 
 
 def _plan_of(models: list[StepModel], batches: list[int], dataset_size: int,
-             timed: bool = False) -> Plan:
+             timed: bool = False, drop: bool = False) -> Plan:
     """Shards with equal steps for ``batches``; with ``timed`` (models of measured seconds, not
-    relative speeds) the models' predicted step times recorded."""
+    relative speeds) the models' predicted step times recorded; with ``drop`` no partial
+    final step."""
     p, global_batch = len(batches), sum(batches)
-    steps, last, dropped = _final_step(models, batches, global_batch, dataset_size)
+    steps, last, dropped = _final_step(models, batches, dataset_size, drop)
     sizes = [(steps - 1) * b + l for b, l in zip(batches, last)]
     times = [m.time(b) for m, b in zip(models, batches)]
     plan = Plan(speeds=[m.samples_per_s / m.scale for m in models], global_batch=global_batch,
@@ -209,18 +216,22 @@ def _models(speeds: Sequence[float | StepModel]) -> tuple[list[StepModel], bool]
     return out, not numbers
 
 
-def _final_step(models, batches: list[int], global_batch: int,
-                dataset_size: int) -> tuple[int, list[int], int]:
-    """Steps per epoch, each rank's samples in the final (maybe partial) step, and the
-    samples dropped because the final step cannot give every rank one."""
-    p = len(batches)
+def _final_step(models, batches: list[int], dataset_size: int,
+                drop: bool) -> tuple[int, list[int], int]:
+    """Steps per epoch, each rank's samples in the final (maybe partial) step -- at least one
+    each where the tail has as many, else 0 for some -- and the samples dropped (the tail,
+    with ``drop``)."""
+    p, global_batch = len(batches), sum(batches)
     steps = math.ceil(dataset_size / global_batch)
     rest = dataset_size - (steps - 1) * global_batch  # samples for the final step, 1..B
-    if rest < p:
+    if drop and rest < global_batch:
         return steps - 1, list(batches), rest
-    return steps, equal_time_batches(models, rest, [1] * p, batches), 0
+    least = 1 if rest >= p else 0
+    return steps, equal_time_batches(models, rest, [least] * p, batches), 0
 
 
-def equal_plan(world_size: int, global_batch: int, dataset_size: int) -> Plan:
+def equal_plan(world_size: int, global_batch: int, dataset_size: int,
+               drop_remainder: bool = False) -> Plan:
     """Horovod's baseline: every rank gets the same batch whatever its speed."""
-    return make_plan([1.0] * world_size, global_batch, dataset_size)
+    return make_plan([1.0] * world_size, global_batch, dataset_size,
+                     drop_remainder=drop_remainder)

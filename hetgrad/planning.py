@@ -24,13 +24,13 @@ def choose_plan(cfg: TrainConfig, size: int, n_train: int, probed: list | None) 
         if cfg.global_batch % size:
             raise ConfigError(f"mode equal needs a global batch divisible by {size} ranks",
                               field="global_batch")
-        return equal_plan(size, cfg.global_batch, n_train)
+        return equal_plan(size, cfg.global_batch, n_train, cfg.drop_remainder)
     if cfg.speeds is not None and len(cfg.speeds) != size:
         raise ConfigError(f"{len(cfg.speeds)} speeds for {size} ranks", field="speeds")
     speeds = cfg.speeds if cfg.speeds is not None else \
         [r.model() for r in probed] if probed else [1.0] * size
     return make_plan(speeds, cfg.global_batch, n_train, min_batch=cfg.min_batch,
-                     max_batch=cfg.max_batch)
+                     max_batch=cfg.max_batch, drop_remainder=cfg.drop_remainder)
 
 
 def planner(global_batch: int, min_batch: int = 1,

@@ -128,7 +128,8 @@ class Rebalancer:
         the epoch before too (one noisy epoch does not move work; a big change does at once)."""
         models = [m.model() for m in self.online]
         candidate = make_plan(models, plan.global_batch, plan.dataset_size,
-                              min_batch=self.min_batch, max_batch=self.max_batch)
+                              min_batch=self.min_batch, max_batch=self.max_batch,
+                              drop_remainder=plan.dropped > 0)
         old_t = max(m.time(b) for m, b in zip(models, plan.batches))
         entry.predicted_gain = old_t / candidate.predicted_step_s - 1.0
         if self.threshold is None or candidate.batches == plan.batches:

@@ -51,6 +51,7 @@ class RunSpec:
     probe: ProbeSpec = ProbeSpec()
     min_batch: int = 1
     max_batch: int | Sequence[int] | None = None
+    drop_remainder: bool = False
     weight: str = "plan"
     sparsify: Any = None
     check_finite: bool = True

@@ -7,7 +7,7 @@ from __future__ import annotations
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from .aggregate import Aggregation, DenseReducer, SampleWeight, new_step_counter, scaled
+from .aggregate import Aggregation, DenseReducer, SampleWeight, new_step_counter
 from .weights import horovod_weight, make_weight
 
 
@@ -52,7 +52,7 @@ class DistributedGradientTape:
             agg.weight.count.assign(tf.cast(samples, tf.int32))
         grads = self._tape.gradient(target, sources, output_gradients, **kwargs)
         flat = tf.nest.flatten(grads)
-        weighted = scaled(flat, agg.local_weight())
+        weighted = agg.weighted(flat)
         agg.count_step()
         return tf.nest.pack_sequence_as(grads, agg.exchange(weighted))
 

@@ -53,7 +53,7 @@ def spec_of(checked: Checked) -> RunSpec:
         global_batch=cfg.global_batch, epochs=cfg.epochs, seed=cfg.seed,
         plan=choose_plan(cfg, comm.size, n, None) if cfg.plan or cfg.mode == "equal" else None,
         speeds=cfg.speeds, probe=probe_spec(cfg, comm.size), min_batch=cfg.min_batch,
-        max_batch=cfg.max_batch,
+        max_batch=cfg.max_batch, drop_remainder=cfg.drop_remainder,
         weight=cfg.weighting if cfg.mode == "weighted" else "average", sparsify=sparsify,
         check_finite=cfg.mode == "weighted" and cfg.on_nonfinite == "abort",
         rebalance_threshold=cfg.rebalance_threshold if cfg.rebalance else None,

@@ -52,8 +52,8 @@ NEEDS = {
 RESUMED_AS_SAVED = ("data", "model", "loss", "mode", "weighting", "optimizer", "seed",
                     "sparsify", "density", "exchange", "dense_below", "momentum_correction",
                     "momentum_unmasked", "density_warmup", "dense_above", "fresh",
-                    "plan", "speeds", "min_batch", "max_batch", "probe_file", "probe_batch",
-                    "probe_sizes", "probe_steps", "probe_refine")
+                    "plan", "speeds", "min_batch", "max_batch", "drop_remainder", "probe_file",
+                    "probe_batch", "probe_sizes", "probe_steps", "probe_refine")
 
 
 def given(cfg: TrainConfig) -> list[str]:

@@ -13,6 +13,14 @@ def test_one_process_uneven_ranks_and_a_mid_epoch_replan_agree(world3):
     assert r["uneven"] < 1e-5 and r["switched"] < 1e-5, r
 
 
+def test_a_final_step_smaller_than_the_world_is_trained_exactly(world3):
+    r = world3.run("global_order:tiny_tail")
+    assert sorted(r.root["lasts"]) == [0, 1, 1], r.root
+    assert r.root["vs_one_process"] < 1e-5, r.root
+    for rank in r.values:     # BatchNormalization's empty batch left nothing NaN anywhere
+        assert rank["bn_finite"] and np.all(np.isfinite(rank["losses"])), r.values
+
+
 def test_every_sample_once_an_epoch_on_uneven_ranks(world3):
     ranks = world3.run("global_order:ids_per_epoch").values
     epochs = [sum((r[e] for r in ranks), []) for e in (0, 1)]
@@ -64,3 +72,13 @@ def test_hk_fit_refuses_to_resume_with_another_setting(world2, tmp_path):
     assert all("seed: the checkpoint's job had 5, this job asks for 6" in e for e in errors), \
         errors
     assert np.all([isinstance(e, str) for e in errors])
+
+
+def test_hetgrad_train_drops_the_tail_only_when_asked(world2, tmp_path):
+    common = dict(speeds=[1, 2], quiet=True, seed=3, epochs=1, global_batch=100)
+    kept = world2.run("training:train", out=str(tmp_path / "a.json"), **common).root["plan"]
+    dropped = world2.run("training:train", out=str(tmp_path / "b.json"), drop_remainder=True,
+                         **common).root["plan"]
+    n = kept["dataset_size"]
+    assert n % 100 and kept["dropped"] == 0 and kept["steps_per_epoch"] == n // 100 + 1
+    assert dropped["dropped"] == n % 100 and dropped["steps_per_epoch"] == n // 100

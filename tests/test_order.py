@@ -38,6 +38,24 @@ def test_every_sample_once_and_steps_independent_of_the_plan(speeds):
     assert np.array_equal(flat, epoch_indices(7, 2, N)[:len(flat)])   # the global order
 
 
+@pytest.mark.parametrize("decode", [False, True])
+def test_a_tail_smaller_than_the_world_is_read_with_empty_batches(decode):
+    n = 96 * 3 + 2                          # the final step holds 2 samples, for 3 ranks
+    ids = ArraySource(np.arange(n), name="ids")
+    if decode:                               # a per-sample decode runs on an empty batch too
+        import tensorflow as tf
+        ids.decode = lambda i: (tf.cast(i, tf.float32) * 0.5,)
+    plan = make_plan([1, 2, 4], 96, n)
+    last = [list(rank_batches(ids, plan, r, 7, 1))[-1][0].numpy() for r in range(3)]
+    assert [len(b) for b in last] == plan.last_batches() and min(plan.last_batches()) == 0
+    one = make_plan([1], 96, n)
+    got = [list(rank_batches(ids, plan, r, 7, 1)) for r in range(3)]
+    flat = np.concatenate([b[0].numpy() for steps in zip(*got) for b in steps])
+    want = [b[0].numpy() for b in rank_batches(ids, one, 0, 7, 1)]
+    assert np.array_equal(flat, np.concatenate(want))           # one process's sequence
+    assert sorted(flat * (2 if decode else 1)) == list(range(n))  # every sample once
+
+
 def test_spans_tile_the_epoch():
     plan = make_plan([1, 2, 4], 96, N)
     spans = sorted(step_span(plan, r, k) for r in range(3) for k in range(plan.steps_per_epoch))

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from hetgrad.errors import HetgradError
-from hetgrad.partition import Plan, make_plan
+from hetgrad.partition import Plan, fixed_plan, make_plan
 
 
 def test_batches_proportional_and_sum_exactly():
@@ -41,10 +41,20 @@ def test_final_partial_step_keeps_every_rank_busy():
     assert sum(p.last_batches()) == 25
 
 
-def test_too_few_samples_for_a_final_step_are_reported_not_hidden():
+def test_a_tail_smaller_than_the_world_is_a_step_where_some_ranks_have_none():
     p = make_plan([1, 1, 1], 30, 62)  # 2 full steps + 2 samples < 3 ranks
-    assert p.dropped == 2 and p.steps_per_epoch == 2
-    assert sum(p.shard_sizes) == 60
+    assert p.dropped == 0 and p.steps_per_epoch == 3
+    assert sorted(p.last_batches()) == [0, 1, 1] and sum(p.shard_sizes) == 62
+    fast = make_plan([1, 1, 4], 30, 61)  # one sample: the fastest rank holds it
+    assert fast.last_batches() == [0, 0, 1]
+
+
+def test_the_tail_is_dropped_only_when_asked_and_then_reported():
+    p = make_plan([1, 1, 1], 30, 62, drop_remainder=True)
+    assert p.dropped == 2 and p.steps_per_epoch == 2 and sum(p.shard_sizes) == 60
+    q = fixed_plan([10, 20], 95, drop_remainder=True)
+    assert q.dropped == 5 and q.steps_per_epoch == 3
+    assert fixed_plan([10, 20], 90, drop_remainder=True).dropped == 0   # no tail to drop
 
 
 @settings(max_examples=300, deadline=None)
@@ -59,11 +69,14 @@ def test_property_equal_steps_disjoint_cover(speeds, extra, n, min_batch):
     p = make_plan(speeds, B, n, min_batch=min_batch)
     assert sum(p.batches) == B
     assert all(b >= min_batch for b in p.batches)
-    steps = [math.ceil(s / b) for s, b in zip(p.shard_sizes, p.batches)]
-    assert steps == [p.steps_per_epoch] * len(speeds)
-    assert sum(p.shard_sizes) + p.dropped == n and p.dropped < len(speeds)
+    assert p.steps_per_epoch == math.ceil(n / B) and p.dropped == 0
+    lasts = p.last_batches()
+    assert all(0 <= last <= b for last, b in zip(lasts, p.batches))
+    assert sum(lasts) == n - (p.steps_per_epoch - 1) * B
+    assert min(lasts) >= 1 or sum(lasts) < len(speeds)   # a rank idles only in a tiny tail
+    assert sum(p.shard_sizes) == n
     ends = [s + z for s, z in zip(p.shard_starts, p.shard_sizes)]
-    assert p.shard_starts[0] == 0 and ends[-1] == n - p.dropped
+    assert p.shard_starts[0] == 0 and ends[-1] == n
     assert p.shard_starts[1:] == ends[:-1]  # contiguous, disjoint
     # faster never gets a smaller batch (rounding can tie)
     order = sorted(range(len(speeds)), key=lambda i: speeds[i])

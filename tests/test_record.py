@@ -34,9 +34,9 @@ def test_throughput_from_the_median_epoch_and_the_probed_rates():
 
 
 def test_dropped_samples_do_not_count_and_the_final_plan_is_kept():
-    first = make_plan([1, 1, 1], 96, 1442)  # final step of 2 < 3 ranks: dropped
+    first = make_plan([1, 1, 1], 96, 1442, drop_remainder=True)  # a final step of 2: dropped
     assert first.dropped == 2
-    later = make_plan([1, 2, 1], 96, 1442)
+    later = make_plan([1, 2, 1], 96, 1442, drop_remainder=True)
     rec = record(first_plan=first, final_plan=later, per_rank_epoch_times_s=[[1.0]] * 3,
                  epochs=rows([2.0], [0.9]))
     assert rec["samples_per_s"] == pytest.approx(1440 / 2.0)

@@ -1,7 +1,9 @@
 """Each train step's batch size, recorded by the step itself: what ``weight="samples"`` and
 the sample-weighted metric average need. Every model compiled with a hetgrad optimizer counts
 (:func:`count_on_compile`), so ``fit``, ``train_on_batch`` and a custom ``train_step`` weigh
-uneven batches exactly with no callback."""
+uneven batches exactly with no callback. A step of no samples (a rank with none in an epoch's
+final step of fewer samples than ranks) still joins the exchange, with weight 0, and leaves
+the model's own state as it was (BatchNormalization's statistics of an empty batch are NaN)."""
 from __future__ import annotations
 
 import functools
@@ -36,17 +38,30 @@ def count_samples(model) -> None:
     inner = model.train_step
 
     def train_step(data):  # runs when Keras traces the step: reads the optimizer of then
-        weight = getattr(aggregation_in(model.optimizer), "weight", None)
+        aggregation = aggregation_in(model.optimizer)
+        weight = getattr(aggregation, "weight", None)
         x = data[0] if isinstance(data, (tuple, list)) else data
         n = tf.shape(next(t for t in tf.nest.flatten(x) if t is not None))[0]
         if isinstance(weight, SampleWeight):
             weight.count.assign(n)
+        if aggregation is not None:
+            aggregation.idle.assign(tf.equal(n, 0))
         samples.assign_add(tf.cast(n, samples.dtype))
-        return inner(data)
+        before = [(v, tf.identity(v)) for v in model.non_trainable_variables]
+        logs = inner(data)
+        tf.cond(n > 0, lambda: tf.constant(False), lambda: _restored(before))
+        return logs
 
     model.train_step = train_step
     model.train_function = None  # rebuild with the new step
     model._hetgrad_counted = True
+
+
+def _restored(before: list) -> tf.Tensor:
+    """Every ``(variable, value)`` of ``before`` assigned back."""
+    for var, value in before:
+        var.assign(value)
+    return tf.constant(True)
 
 
 def count_on_compile(model_class) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from .. import compat
-from ..aggregate import Aggregation, scaled
+from ..aggregate import Aggregation
 
 
 class _Hooked:
@@ -49,7 +49,7 @@ class _Hooked:
 
     def _hetgrad_weighted(self, grads) -> list:
         seeded, self._hetgrad_seeded = self._hetgrad_seeded, False
-        return list(grads) if seeded else scaled(grads, self.hetgrad.local_weight())
+        return self.hetgrad.weighted(list(grads), seeded)
 
     def _hetgrad_apply(self, grads, variables, apply_fn):
         """``apply_fn(exchanged_grads)`` now, or every N-th step on the accumulated sum

@@ -32,8 +32,10 @@ def shuffle_positions(positions, seed: int, epoch, n: int):
     TF op; ``epoch`` may be a tensor)."""
     import tensorflow as tf
     key = tf.stack([tf.constant(seed, tf.int64), tf.cast(epoch, tf.int64)])
-    return tf.random.experimental.index_shuffle(tf.cast(positions, tf.int64), seed=key,
-                                                max_index=n - 1)
+    # index_shuffle refuses an empty vector (a rank with no sample in a tiny final step):
+    # shuffle one position more and leave it out
+    padded = tf.concat([tf.cast(positions, tf.int64), tf.zeros([1], tf.int64)], 0)
+    return tf.random.experimental.index_shuffle(padded, seed=key, max_index=n - 1)[:-1]
 
 
 def epoch_indices(seed: int, epoch: int, n: int, positions=None):

@@ -135,10 +135,19 @@ def _reader(source: Source):
 
 
 def _decoded(decode):
-    """A batch -> the batch with ``decode`` applied to every sample (in parallel)."""
+    """A batch -> the batch with ``decode`` applied to every sample (in parallel); an empty
+    batch (a rank with no sample in a tiny final step) -> an empty batch of decoded shape."""
     def apply(*batch):
         batch = batch[0] if len(batch) == 1 else batch
         samples = tf.data.Dataset.from_tensor_slices(batch)
         size = tf.shape(tf.nest.flatten(batch)[0], out_type=tf.int64)[0]
-        return samples.map(decode, num_parallel_calls=AUTOTUNE).batch(size)
+        decoded = samples.map(decode, num_parallel_calls=AUTOTUNE).batch(tf.maximum(size, 1))
+        return decoded.concatenate(_empty(decoded.element_spec)).take(1)
     return lambda *batch: apply(*batch).get_single_element()
+
+
+def _empty(spec) -> tf.data.Dataset:
+    """One batch of 0 elements of ``spec``'s structure (unknown sizes taken as 0)."""
+    def zeros(s):
+        return tf.zeros([0, *[d or 0 for d in s.shape.as_list()[1:]]], s.dtype)
+    return tf.data.Dataset.from_tensors(tf.nest.map_structure(zeros, spec))

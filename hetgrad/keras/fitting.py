@@ -26,7 +26,7 @@ keras = compat.keras
 def fit(model, x, y=None, *, global_batch: int, epochs: int, validation_data=None,
         plan: Plan | None = None, rebalance: bool = True, rebalance_threshold: float = 0.03,
         min_batch: int = 1, max_batch: int | Sequence[int] | None = None,
-        checkpoint_dir: str | None = None, resume: bool = False, seed: int = 0,
+        drop_remainder: bool = False, checkpoint_dir: str | None = None, resume: bool = False, seed: int = 0,
         probe_steps: int = 8, callbacks: Sequence = (), verbose: int = 2, device: str = "",
         sparsify=None, step_timeout: float | None = 600.0,
         emulate_speeds: str | None = None, emulate_unit: float = 1e-3):
@@ -36,7 +36,8 @@ def fit(model, x, y=None, *, global_batch: int, epochs: int, validation_data=Non
     ``x``/``y``: arrays or dicts of arrays (the same on every rank), a dataset directory from
     ``hetgrad data convert`` (or its :class:`~hetgrad.data.Source`), or a finite
     ``tf.data.Dataset``. Every epoch visits every sample once in one global order that no
-    world size or plan changes. Probes this model on every rank (unless ``plan`` is given),
+    world size or plan changes (its last ``N mod B`` samples a smaller final step, or left
+    out with ``drop_remainder``). Probes this model on every rank (unless ``plan`` is given),
     plans, wraps the compiled optimizer in :func:`DistributedOptimizer` with the plan's exact
     weights and recompiles with the same loss and metrics, then trains ``epochs`` epochs with
     rebalancing between epochs (``rebalance``), Keras ``callbacks`` (they see one ``fit``,
@@ -62,10 +63,11 @@ def fit(model, x, y=None, *, global_batch: int, epochs: int, validation_data=Non
     run = assemble(RunSpec(
         model=model, data=source, global_batch=global_batch, epochs=epochs, seed=seed,
         plan=plan, probe=ProbeSpec(steps=probe_steps), min_batch=min_batch,
-        max_batch=max_batch, sparsify=sparsify,
+        max_batch=max_batch, drop_remainder=drop_remainder, sparsify=sparsify,
         rebalance_threshold=rebalance_threshold if rebalance else None,
         checkpoint_dir=checkpoint_dir, resume=resume,
-        identity={"seed": seed, "sparsify": asdict(sparsify) if sparsify else None},
+        identity={"seed": seed, "sparsify": asdict(sparsify) if sparsify else None,
+                  "drop_remainder": drop_remainder},
         emulation=_emulation(emulate_speeds, emulate_unit, comm.size),
         validation=validation_data, verbose=verbose, step_timeout=step_timeout, device=device,
         callbacks=[history, *callbacks, *progress_callbacks(verbose, comm.rank)]))

@@ -21,9 +21,9 @@ from hetgrad.preempt import Preempted
 N, B, SEED, LR = 200, 24, 5, 0.3          # 9 steps an epoch, the last one 8 samples
 
 
-def _data():
+def _data(n: int = N):
     rng = np.random.default_rng(0)
-    x = rng.normal(size=(N, 6)).astype(np.float32)
+    x = rng.normal(size=(n, 6)).astype(np.float32)
     return x, (x[:, 0] + x[:, 1] > 0).astype(np.int64) + (x[:, 2] > 1)
 
 
@@ -40,11 +40,11 @@ def _flat(model) -> np.ndarray:
     return np.concatenate([w.ravel() for w in model.get_weights()])
 
 
-def reference(epochs: int) -> np.ndarray:
+def reference(epochs: int, n: int = N) -> np.ndarray:
     """One process, plain Keras, every global batch of the order as one batch."""
-    x, y = _data()
+    x, y = _data(n)
     model, source = _model(), ArraySource(x, y)
-    one = hetgrad.fixed_plan([B], N)
+    one = hetgrad.fixed_plan([B], n)
     for epoch in range(epochs):
         for xb, yb in rank_batches(source, one, 0, SEED, epoch):
             model.train_on_batch(xb, yb)
@@ -95,6 +95,28 @@ def same_weights() -> dict:
     return {"uneven": float(np.max(np.abs(_flat(uneven) - ref))),
             "switched": float(np.max(np.abs(_flat(switched) - ref))),
             "moved": float(np.max(np.abs(ref - start)))}
+
+
+def tiny_tail() -> dict:
+    """A final step of 2 samples on 3 ranks (one rank has none: it joins with weight 0): the
+    weights of one process, and a BatchNormalization model left finite on every rank."""
+    n, epochs = 3 * B + 2, 3
+    x, y = _data(n)
+    plan = hetgrad.fixed_plan([4, 8, 12], n)
+    plain = _model()
+    hk.fit(plain, x, y, global_batch=B, epochs=epochs, plan=plan, rebalance=False, seed=SEED,
+           verbose=0)
+    keras.utils.set_random_seed(1)
+    bn = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8),
+                           keras.layers.BatchNormalization(), keras.layers.Dense(3)])
+    bn.compile(optimizer=keras.optimizers.SGD(LR),
+               loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    history = hk.fit(bn, x, y, global_batch=B, epochs=epochs, plan=plan, rebalance=False,
+                     seed=SEED, verbose=0)
+    return {"lasts": plan.last_batches(),
+            "vs_one_process": float(np.max(np.abs(_flat(plain) - reference(epochs, n)))),
+            "bn_finite": bool(np.all(np.isfinite(_flat(bn)))),
+            "losses": [float(v) for v in history.history["loss"]]}
 
 
 class IdModel(keras.Model):
