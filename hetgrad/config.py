@@ -17,7 +17,7 @@ WEIGHTINGS = ("plan", "samples")
 OPTIMIZERS = ("sgd", "adam")
 DEVICES = ("cpu", "gpu", "auto")
 NONFINITE_POLICIES = ("abort", "ignore")
-BUILTIN_MODELS = ("mlp", "cnn", "resnet", "wide-mlp", "big-mlp")   # hetgrad.models.MODELS
+BUILTIN_MODELS = ("mlp", "cnn", "cnn1d", "resnet", "wide-mlp", "big-mlp")   # models.MODELS
 
 Check = Callable[[Any], "str | None"]  # the problem with a value, or None
 
@@ -69,10 +69,11 @@ class TrainConfig:
     """Everything one ``hetgrad train`` job needs; ``TrainConfig(**kwargs).check()`` validates
     what needs no TensorFlow (:func:`hetgrad.validate.check_model` imports a user's model)."""
 
-    data: str = setting("digits", "digits (embedded), synthetic, or a Keras-format .npz path")
-    model: str = setting("mlp", "mlp | cnn | resnet | wide-mlp | big-mlp, or your own: an "
-                         "import path module:function, called as function(input_shape, "
-                         "num_classes)")
+    data: str = setting("digits", "digits (embedded), synthetic, mnist1d, a Keras-format .npz "
+                        "path or a dataset directory")
+    model: str = setting("mlp", "mlp | cnn | cnn1d | resnet | wide-mlp | big-mlp, or your "
+                         "own: an import path module:function, called as "
+                         "function(input_shape, num_classes)")
     loss: str | None = setting(None, "a Keras loss name, e.g. categorical_hinge (default: "
                                "sparse categorical cross-entropy on logits)")
     mode: str = setting("weighted", "weighted: hetgrad; uneven-avg: uneven batches with "
