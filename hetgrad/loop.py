@@ -12,6 +12,7 @@ import tensorflow as tf
 from . import preempt
 from .compat import keras
 from .errors import NonFiniteGradientError
+from .runtime import quiet_on_sigterm
 from .aggregate import NONFINITE
 from ._keras import callbacks as hk_callbacks
 
@@ -134,7 +135,10 @@ def _fit_epoch(job: "Run", epoch: int, first: int, callbacks: list) -> dict:
                                     callbacks=[clock, metrics, *callbacks])
     except tf.errors.InvalidArgumentError as exc:
         if NONFINITE in str(exc):
-            raise _nonfinite(job, epoch) from None
+            error = _nonfinite(job, epoch)
+            if error.reported_elsewhere:   # the culprit's abort ends this rank, quietly
+                quiet_on_sigterm()
+            raise error from None
         raise
     logs = {k: float(v[-1]) for k, v in history.history.items()}
     row = {"epoch": epoch + 1, **logs, "time_s": clock.seconds}

@@ -107,10 +107,9 @@ def resolve(name: str) -> Callable:
     return fn
 
 
-def build(name: str, input_shape, num_classes: int, seed: int = 0,
-          logits: bool = True) -> keras.Model:
-    """Build model ``name`` with weights seeded by ``seed`` (same on every rank); with
-    ``logits`` (the default loss) its output must be one value per class."""
+def build(name: str, input_shape, num_classes: int, seed: int = 0) -> keras.Model:
+    """Build model ``name`` with weights seeded by ``seed`` (same on every rank); its output
+    must be one value per class (or per target column of a regression)."""
     fn = resolve(name)
     keras.utils.set_random_seed(seed)
     model = fn(tuple(input_shape), num_classes)
@@ -118,29 +117,44 @@ def build(name: str, input_shape, num_classes: int, seed: int = 0,
         raise ConfigError(f"{name} returned a {type(model).__name__}, not a model of "
                           f"{keras.__name__}", field="model")
     shape = getattr(model, "output_shape", None)
-    if logits and isinstance(shape, tuple) and shape and shape[-1] not in (None, num_classes):
-        raise ConfigError(f"{name} has {shape[-1]} outputs, the data has {num_classes} classes "
-                          "(the default loss wants one logit per class; or give --loss)",
+    if isinstance(shape, tuple) and shape and shape[-1] not in (None, num_classes):
+        raise ConfigError(f"{name} has {shape[-1]} outputs; the data needs {num_classes} (one "
+                          "per class, or per target column of a regression loss)",
                           field="model")
     return model
 
 
-def loss(name: str | None, num_classes: int | None = None):
+# losses that read probabilities: on a model that outputs logits (every built-in model ends in
+# a linear layer) the cross-entropies take them as logits, the divergences their softmax
+_FROM_LOGITS = {"categoricalcrossentropy": "CategoricalCrossentropy",
+                "sparsecategoricalcrossentropy": "SparseCategoricalCrossentropy",
+                "categoricalfocalcrossentropy": "CategoricalFocalCrossentropy"}
+_ON_PROBABILITIES = {"kldivergence", "kld", "kullbackleiblerdivergence"}
+
+
+def loss(name: str | None, num_classes: int | None = None, logits: bool = True):
     """A Keras loss by name (``--loss``); default sparse categorical cross-entropy on logits
-    (what the built-in models, which end in a linear layer, need). A categorical loss
+    (any model's output is taken as one logit per class). With ``logits`` (the model's last
+    layer is linear, as every built-in model's) a loss that reads probabilities reads the
+    logits as such (``from_logits``) or their softmax. A categorical loss
     (:data:`hetgrad.targets.ONE_HOT`) gets the integer labels as one-hot rows of
     ``num_classes``."""
-    if name is None:
+    if name is None:   # a model's output is one logit per class, whatever model
         return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    key = name.lower().replace("_", "")
     try:
-        fn = keras.losses.get(name)
-    except (ValueError, TypeError) as exc:
+        if logits and key in _FROM_LOGITS:
+            fn = getattr(keras.losses, _FROM_LOGITS[key])(from_logits=True)
+        else:
+            fn = keras.losses.get(name)
+    except (ValueError, TypeError, AttributeError) as exc:
         raise ConfigError(f"unknown Keras loss {name!r} ({exc})", field="loss") from None
+    read = (lambda y: tf.nn.softmax(y)) if logits and key in _ON_PROBABILITIES else (lambda y: y)
     if kind_of(name) != ONE_HOT:
         return fn
 
     def on_one_hot(y_true, y_pred):
         labels = tf.cast(tf.reshape(y_true, [-1]), tf.int32)
-        return fn(tf.one_hot(labels, num_classes, dtype=y_pred.dtype), y_pred)
+        return fn(tf.one_hot(labels, num_classes, dtype=y_pred.dtype), read(y_pred))
     on_one_hot.__name__ = f"{name}_on_labels"
     return on_one_hot

@@ -38,9 +38,12 @@ def _same_epochs(runs: list[dict]) -> None:
 
 
 def group_key(rec: dict) -> tuple[str, str, str]:
+    """(task, speed profile, mode): the profile a benchmark's ``label`` in the record, else
+    the emulated speeds, else the probed ones."""
     c = rec["config"]
     task = f"{c['model']}/{Path(c['data']).stem}"
-    profile = c.get("emulate_speeds") or ",".join(str(s) for s in rec["plan"]["speeds"])
+    profile = (rec.get("label") or c.get("emulate_speeds")
+               or ",".join(str(s) for s in rec["plan"]["speeds"]))
     return task, profile, c["mode"]
 
 
@@ -135,7 +138,8 @@ def plots(runs: list[dict]) -> dict[str, bytes]:
         buf = io.BytesIO()
         fig.savefig(buf, format="png", dpi=110)
         plt.close(fig)
-        pngs[f"acc_{task.replace('/', '_')}_{profile.replace(',', '-')}.png"] = buf.getvalue()
+        name = f"{task.replace('/', '_')}_{profile.replace(',', '-').replace(':', '-')}"
+        pngs[f"acc_{name}.png"] = buf.getvalue()
     return pngs
 
 

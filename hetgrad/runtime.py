@@ -116,6 +116,7 @@ def fail_fast(flags: dict[str, str] | None = None):
                 print(f"hetgrad: error: {exc.render(flags)}", file=sys.stderr, flush=True)
             sys.exit(code)
         if size > 1 and getattr(exc, "reported_elsewhere", False):
+            quiet_on_sigterm()
             time.sleep(GRACE_S)
         where = f" on rank {rank}/{size}" if size > 1 else ""
         if code == 1:
@@ -128,6 +129,15 @@ def fail_fast(flags: dict[str, str] | None = None):
 
 
 _signalled: int | None = None   # the signal that :func:`_raise_on_signals` turned into an error
+
+
+def quiet_on_sigterm() -> None:
+    """Another rank reports the job's error and its abort ends this rank: the launcher's
+    SIGTERM then ends it without a line of its own (main thread only)."""
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    except ValueError:
+        pass
 
 
 def _raise_on_signals() -> None:

@@ -93,10 +93,10 @@ def compiled_model(cfg: TrainConfig, data, device: str = "/CPU:0"):
     compiled with ``--optimizer``, ``--loss`` and accuracy (mean absolute error for a
     regression loss), as a user would compile it."""
     with tf.device(device):
-        model = models.build(cfg.model, data.input_shape, data.num_classes, seed=cfg.seed,
-                             logits=cfg.loss is None)
+        model = models.build(cfg.model, data.input_shape, data.num_classes, seed=cfg.seed)
         model.compile(optimizer=base_optimizer(cfg), metrics=[metric(kind_of(cfg.loss))],
-                      loss=models.loss(cfg.loss, data.num_classes),
+                      loss=models.loss(cfg.loss, data.num_classes,
+                                       logits=cfg.model in models.MODELS),
                       steps_per_execution=cfg.steps_per_execution)
     return model
 

@@ -125,8 +125,10 @@ TRAIN = [
     (["--model", "examples.cnn_npz:nothing"], "--model: examples.cnn_npz has no function 'nothing'"),
     (["--model", "examples.cnn_npz:load"], "--model: examples.cnn_npz:load cannot be called as"),
     (["--model", "numpy:add"], "--model: numpy:add returned a ndarray, not a model"),
-    (["--model", "usermodels:one_output"], "--model: usermodels:one_output has 1 outputs, the "
-     "data has 10 classes"),
+    (["--model", "usermodels:one_output"], "--model: usermodels:one_output has 1 outputs; the "
+     "data needs 10"),
+    (["--model", "usermodels:one_output", "--loss", "categorical_crossentropy"],
+     "--model: usermodels:one_output has 1 outputs; the data needs 10"),
     (["--loss", "nonsense"], "--loss: unknown Keras loss 'nonsense'"),
     (["--loss", "hinge"], "--loss: hinge wants 0/1 labels and one output per sample"),
     (["--device", "tpu"], "--device: unknown device 'tpu'"),

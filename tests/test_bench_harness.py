@@ -15,7 +15,7 @@ SCRIPTS = ROOT / "scripts"
 if str(SCRIPTS) not in sys.path:
     sys.path.insert(0, str(SCRIPTS))
 
-from bench import launch, records, results, schedule, tables  # noqa: E402
+from bench import claim, launch, records, results, schedule, tables  # noqa: E402
 
 ARMS = ["horovod", "plan-checked", "plan-bare", "samples-checked", "float-bare"]
 
@@ -183,3 +183,32 @@ def test_the_harness_and_the_table_commands_import_no_tensorflow():
     out = subprocess.run([sys.executable, "-c", probe, str(SCRIPTS)], capture_output=True,
                          text=True, check=True, cwd=ROOT).stdout
     assert out.strip() == "[]"
+
+
+def _run(mode: str, seed: int, final: float, epoch_s: float) -> dict:
+    return {"config": {"model": "mlp", "data": "digits", "mode": mode, "seed": seed},
+            "label": "1,8", "final_test_accuracy": final, "best_test_accuracy": final + 0.01,
+            "median_epoch_time_s": epoch_s}
+
+
+def test_the_claims_interval_is_the_paired_t_interval_over_seeds():
+    diffs = np.array([0.02, 0.01, 0.005])
+    got = claim.paired({0: 0.92, 1: 0.91, 2: 0.905, 3: 0.5}, {0: 0.90, 1: 0.90, 2: 0.90})
+    half = 4.303 * diffs.std(ddof=1) / np.sqrt(3)          # t(0.975, 2 df)
+    assert got["n"] == 3 and got["mean"] == pytest.approx(diffs.mean())
+    assert (got["low"], got["high"]) == pytest.approx((diffs.mean() - half, diffs.mean() + half))
+    assert claim.t975(12) == 2.228 and claim.t975(4) == 2.776   # never a narrower quantile
+
+
+def test_a_cell_says_whether_the_claim_holds():
+    runs = [_run(m, s, acc + 0.001 * s, t) for s in range(5)
+            for m, acc, t in (("equal", 0.95, 3.0), ("uneven-avg", 0.90 - 0.002 * s, 1.0),
+                              ("weighted", 0.95, 1.02))]
+    (row,) = claim.cells(runs)
+    assert (row["task"], row["profile"]) == ("mlp/digits", "1,8")
+    assert row["diff_final"]["low"] > 0 and row["speedup_vs_equal"] == pytest.approx(3 / 1.02)
+    assert row["verdict"] == "accuracy better; speed as claimed"
+    slow = [dict(r, median_epoch_time_s=1.2) if r["config"]["mode"] == "weighted" else r
+            for r in runs]
+    assert claim.cells(slow)[0]["verdict"] == "accuracy better; speed short of the claim"
+    assert "| mlp/digits | 1,8 | 5 |" in claim.markdown([row])
