@@ -57,8 +57,10 @@ def main(path: str, epochs: int) -> None:
         plan = hetgrad.make_plan(perf, B, N)
         model.fit(hk.shard(x, y, plan, seed=0), initial_epoch=state.epoch, epochs=epochs,
                   steps_per_epoch=plan.steps_per_epoch, verbose=0,
-                  callbacks=[hk.elastic.UpdateEpochStateCallback(state),
-                             hk.elastic.CommitStateCallback(state), Paced(path, plan)])
+                  # the line before the commit: a commit that finds new hosts interrupts
+                  # the callbacks after it, and the epoch it saved must be in the log
+                  callbacks=[hk.elastic.UpdateEpochStateCallback(state), Paced(path, plan),
+                             hk.elastic.CommitStateCallback(state)])
 
     train(state)
     log(path, done=True, size=hk.size(), agree=bool(hk.replicas_agree(model)))
