@@ -24,8 +24,10 @@ from .errors import HetgradError
 from .partition import Plan, make_plan
 from .perfmodel import probe_batches
 from .probe import ProbeResult
+from .observe import Scalars, Timeline
 from .rebalance import Rebalancer
 from .run import Progress, Run, RunSpec
+from .timeline import Sampler
 from .runtime import init
 from .validate import check_resumed
 
@@ -34,8 +36,10 @@ from .validate import check_resumed
 # statistics (a row says what its epoch ran); rank 0's test score before the balance (whose
 # gather is where the other ranks wait for it); the balance, which may re-plan, before the
 # checkpoint (which keeps the plan the next epoch uses); the user's Keras callbacks; the
-# checkpoint last, of everything the epoch did.
-ACTION_ORDER = (Emulation, Watchdog, Sparse, Evaluation, Balance, UserCallbacks, Checkpointing)
+# checkpoint, of everything the epoch did; then what only observes: TensorBoard's scalars and
+# the timeline (last: at an epoch's end it sees the re-plan and the checkpoint).
+ACTION_ORDER = (Emulation, Watchdog, Sparse, Evaluation, Balance, UserCallbacks, Checkpointing,
+                Scalars, Timeline)
 
 
 def assemble(spec: RunSpec) -> Run:
@@ -172,19 +176,22 @@ def _hetgrad_optimizer(spec: RunSpec, plan: Plan, rank: int, size: int):
 def _actions(spec: RunSpec, comm, probed: list[ProbeResult], checkpointer) -> tuple:
     """The run's actions, in :data:`ACTION_ORDER`."""
     verbose = spec.verbose > 0
+    rebalancer = Rebalancer(comm, models=[p.model() for p in probed]
+                            if _planned_by_probe(spec) and probed else None,
+                            threshold=spec.rebalance_threshold, min_batch=spec.min_batch,
+                            max_batch=spec.max_batch)
     made = {
         Emulation: Emulation.of(*spec.emulation, comm.rank) if spec.emulation else None,
         Watchdog: Watchdog(spec.step_timeout) if spec.step_timeout else None,
         Sparse: Sparse() if spec.sparsify is not None or _sparse(spec.model) else None,
-        Balance: Balance(Rebalancer(comm, models=[p.model() for p in probed]
-                                    if _planned_by_probe(spec) and probed else None,
-                                    threshold=spec.rebalance_threshold,
-                                    min_batch=spec.min_batch, max_batch=spec.max_batch),
-                         verbose),
+        Balance: Balance(rebalancer, verbose),
         UserCallbacks: UserCallbacks(on_this_rank(spec.callbacks, comm.rank), spec.epochs)
         if spec.callbacks else None,
         Evaluation: Evaluation(spec.test, verbose) if spec.test is not None else None,
         Checkpointing: Checkpointing(checkpointer),
+        Scalars: Scalars(spec.tensorboard, rebalancer) if spec.tensorboard else None,
+        Timeline: Timeline(spec.timeline, Sampler(spec.timeline_steps, spec.timeline_window),
+                           rebalancer, checkpointer) if spec.timeline else None,
     }
     return tuple(made[kind] for kind in ACTION_ORDER if made[kind] is not None)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from dataclasses import dataclass, field as dc_field
 from pathlib import Path
 
@@ -86,6 +87,7 @@ class Checkpointer:
         self.model = model
         self.optimizer = optimizer
         self.ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer)
+        self.last_save: tuple[float, float] | None = None   # Unix start and end, rank 0
 
     def due(self, epoch: int, last: bool = False) -> bool:
         """Whether to save after ``epoch`` epochs: every ``every``, and after the ``last``."""
@@ -99,6 +101,7 @@ class Checkpointer:
         goes to ``<checkpoint>/rank-<r>.npz``."""
         if self.dir is None or self.rank != 0:
             return
+        started = time.time()
         self.dir.mkdir(parents=True, exist_ok=True)
         final = self.dir / checkpoint_name(epoch, step)
         tmp = self.dir / f".{final.name}.tmp"
@@ -117,6 +120,7 @@ class Checkpointer:
         for old in self.dir.glob("ckpt-*"):
             if old != final:
                 shutil.rmtree(old, ignore_errors=True)
+        self.last_save = (started, time.time())
 
     def save_final_weights(self) -> None:
         if self.dir is None or self.rank != 0:

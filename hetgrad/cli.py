@@ -131,7 +131,7 @@ def plan(dataset_size, **values):
         for name, value in v.items():
             check_value(name, value)
         if v["out"]:
-            from .validate import check_writable
+            from .writable import check_writable
             check_writable(v["out"], "out")
         if (v["speeds"] is None) == (v["probe_file"] is None):
             raise ConfigError("give exactly one of --speeds and --probe", field="speeds")

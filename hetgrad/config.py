@@ -150,6 +150,13 @@ class TrainConfig:
                            "max(2, threads)", check=at_least(1))
     device: str = setting("cpu", "where each rank computes", choices=DEVICES)
     out: str = setting("run.json", "JSON record (written by rank 0)")
+    tensorboard: str | None = setting(None, "rank 0 writes every epoch's TensorBoard scalars, "
+                                      "the run's and each rank's, in a new run dir here")
+    timeline: str | None = setting(None, "rank 0 writes each rank's compute and exchange spans "
+                                   "of sampled steps here (Chrome trace JSON)")
+    timeline_steps: int = setting(100, "timeline: every step of the first N", check=at_least(0))
+    timeline_window: int = setting(10, "timeline: then N steps mid-epoch (in every 2nd, 4th.. "
+                                   "epoch of a long run)", check=at_least(0))
     quiet: bool = setting(False, "no progress lines")
 
     def check(self) -> None:

@@ -31,6 +31,8 @@ class EpochBalance:
     wait_s: list[float]
     measured_samples_per_s: list[float]
     measured_step_s: list[float]   # busy / steps: the new point of each rank's model
+    predicted_step_s: list[float] | None   # each rank's model before this epoch (None: no
+    #                                        model in seconds yet, e.g. planned on --speeds)
     imbalance: float               # max(busy) / mean(busy) - 1
     batches: list[int]             # the plan used in that epoch
     warmup: bool = False           # first epoch of a process: measured, never acted on
@@ -102,14 +104,15 @@ class Rebalancer:
         rows = self.comm.allgather((float(busy_s), float(wait_s)))
         busy = [max(b, 1e-9) for b, _ in rows]
         step_s = [b / plan.steps_per_epoch for b in busy]
+        if self.online is None:
+            self.online = [OnlineModel(constant(s)) for s in plan.speeds]
         entry = EpochBalance(epoch=epoch + 1, busy_s=busy, wait_s=[w for _, w in rows],
                              measured_samples_per_s=[n / b for n, b in zip(plan.shard_sizes,
                                                                            busy)],
-                             measured_step_s=step_s, imbalance=imbalance(busy),
+                             measured_step_s=step_s, predicted_step_s=self._predicted(plan),
+                             imbalance=imbalance(busy),
                              batches=list(plan.batches), warmup=not self.history)
         self.history.append(entry)
-        if self.online is None:
-            self.online = [OnlineModel(constant(s)) for s in plan.speeds]
         if entry.warmup:
             return plan
         for model, b, t in zip(self.online, plan.batches, step_s):
@@ -117,6 +120,13 @@ class Rebalancer:
         entry.scales = [m.scale() for m in self.online]
         entry.noise = self.noise()
         return self._decide(entry, plan)
+
+    def _predicted(self, plan: Plan) -> list[float] | None:
+        """Each rank's step time at its batch as its model predicts it, when the models are in
+        seconds (probed, or fitted to a measured epoch)."""
+        if all(m.base.kind == "constant" and not m.points for m in self.online):
+            return None
+        return [m.model().time(b) for m, b in zip(self.online, plan.batches)]
 
     def noise(self) -> float:
         """The median relative miss of the models' earlier predictions (not this epoch's)."""

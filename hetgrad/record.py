@@ -22,14 +22,16 @@ def build_record(*, config: dict, world_size: int, device: str, controller: str,
                  epochs: Sequence[dict], wall_time_s: float,
                  per_rank_epoch_times_s: Sequence[Sequence[float]], balance: Sequence[dict],
                  sparse_steps: Sequence[dict] | None = None,
-                 sparse_bytes_per_rank: Sequence[dict] | None = None) -> dict:
+                 sparse_bytes_per_rank: Sequence[dict] | None = None,
+                 timeline: dict | None = None) -> dict:
     """Summaries over ``epochs`` (rank 0's rows, with its test scores) and the raw inputs.
 
     ``samples_per_s`` is the samples trained per epoch over the median epoch time (without
     the first epoch, which traces the step, when there are more);
     ``throughput_efficiency`` divides it by the sum of the probed rates (what perfect balance
     with no communication would reach). ``ranks``: where each rank ran
-    (:func:`hetgrad.placement.here`)."""
+    (:func:`hetgrad.placement.here`). ``timeline``: the sampled steps' spans
+    (:meth:`hetgrad.timeline.Trace.summary`), drawn by ``hetgrad report``."""
     times = [row["time_s"] for row in epochs]
     median = float(statistics.median(times[1:] if len(times) > 1 else times))
     achieved = (final_plan.dataset_size - final_plan.dropped) / median
@@ -52,6 +54,8 @@ def build_record(*, config: dict, world_size: int, device: str, controller: str,
         record["sparse_summary"] = {key: statistics.fmean(row[key] for row in sparse_steps)
                                     for key in SPARSE_KEYS}
         record["sparse_bytes_per_rank"] = list(sparse_bytes_per_rank or [])
+    if timeline is not None:
+        record["timeline"] = timeline
     return record
 
 

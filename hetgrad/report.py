@@ -102,7 +102,8 @@ def idle_shares(rec: dict) -> list[float]:
 
 def plots(runs: list[dict]) -> dict[str, bytes]:
     """Per (task, profile): test accuracy vs epoch and vs wall time, one line per mode (mean
-    over seeds); and per-rank idle share of the epoch (1 - own busy time / epoch time).
+    over seeds); and per-rank idle share of the epoch (1 - own busy time / epoch time); and
+    the step timeline of every record that has one.
     Returns PNG bytes by file name (nothing is written here)."""
     import io
     import matplotlib
@@ -140,7 +141,20 @@ def plots(runs: list[dict]) -> dict[str, bytes]:
         plt.close(fig)
         name = f"{task.replace('/', '_')}_{profile.replace(',', '-').replace(':', '-')}"
         pngs[f"acc_{name}.png"] = buf.getvalue()
-    return pngs
+    return {**pngs, **timelines(runs)}
+
+
+def timelines(runs: list[dict]) -> dict[str, bytes]:
+    """``timeline_<record>.png`` of every record that holds a timeline (``--timeline``);
+    ``timeline_<its directory>_<record>.png`` where two records share a name."""
+    from .timeline import png
+    drawn = [Path(r["_path"]) for r in runs if r.get("timeline", {}).get("steps")]
+    stems = [p.stem for p in drawn]
+    names = [p.stem if stems.count(p.stem) == 1 else f"{p.parent.name}_{p.stem}"
+             for p in drawn]
+    by_path = {r["_path"]: r for r in runs}
+    return {f"timeline_{name}.png": png(by_path[str(p)]["timeline"], name)
+            for p, name in zip(drawn, names)}
 
 
 def report(paths, out_dir: str | Path) -> tuple[str, list[Path]]:

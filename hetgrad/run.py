@@ -67,6 +67,10 @@ class RunSpec:
     verbose: int = 2
     step_timeout: float | None = None
     device: str = ""
+    tensorboard: str | None = None             # rank 0 writes TensorBoard scalars here
+    timeline: str | None = None                # rank 0 writes the step timeline here
+    timeline_steps: int = 100                  # every step of the first ones, then
+    timeline_window: int = 10                  # a window of steps per epoch
 
 
 @dataclass

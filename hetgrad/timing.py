@@ -16,13 +16,15 @@ class StepTimer:
 
     busy: from the end of the previous exchange to this rank's local gradients being ready;
     wait: from then to the end of this step's exchange (idle time + communication).
-    Call :meth:`start` when an epoch begins and :meth:`read` when it ends.
+    Call :meth:`start` when an epoch begins and :meth:`read` when it ends; :meth:`span` gives
+    the last step's own three times (for the timeline, :mod:`hetgrad.timeline`).
     """
 
     def __init__(self):
         var = lambda name: tf.Variable(0.0, dtype=tf.float64, trainable=False,  # noqa: E731
                                        name=f"hetgrad_{name}")
         self.busy, self.wait, self.last_done = var("busy_s"), var("wait_s"), var("last_done")
+        self.step_start, self.step_ready = var("step_start"), var("step_ready")
 
     def start(self) -> None:
         self.busy.assign(0.0)
@@ -35,6 +37,8 @@ class StepTimer:
         with tf.control_dependencies(deps):
             now = tf.timestamp()
         self.busy.assign_add(now - self.last_done)
+        self.step_start.assign(self.last_done)
+        self.step_ready.assign(now)
         return now
 
     def done(self, t_ready, reduced) -> None:
@@ -47,3 +51,9 @@ class StepTimer:
 
     def read(self) -> tuple[float, float]:
         return float(self.busy.numpy()), float(self.wait.numpy())
+
+    def span(self) -> tuple[float, float, float]:
+        """The last step's start (the exchange before it ended), local gradients ready and
+        exchange done, in Unix seconds."""
+        return (float(self.step_start.numpy()), float(self.step_ready.numpy()),
+                float(self.last_done.numpy()))

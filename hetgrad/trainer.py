@@ -19,6 +19,7 @@ from .compat import keras
 from .config import TrainConfig
 from .emulate import parse_schedule
 from .loop import run_epochs
+from .observe import Timeline
 from .planning import choose_plan, probe_sizes
 from .record import build_record, save_record, sparse_bytes
 from .run import ProbeSpec, Run, RunSpec
@@ -60,7 +61,8 @@ def spec_of(checked: Checked) -> RunSpec:
         checkpoint_dir=cfg.checkpoint_dir or cfg.resume, checkpoint_every=cfg.checkpoint_every,
         resume=bool(cfg.resume), identity=job_identity(cfg), emulation=emulation_of(cfg, comm),
         test=data.test, verbose=0 if cfg.quiet else 2, step_timeout=cfg.step_timeout,
-        device=device)
+        device=device, tensorboard=cfg.tensorboard, timeline=cfg.timeline,
+        timeline_steps=cfg.timeline_steps, timeline_window=cfg.timeline_window)
 
 
 def _started(cfg: TrainConfig):
@@ -136,13 +138,14 @@ def finish(cfg: TrainConfig, run: Run, wall_time_s: float) -> dict:
     if run.rank != 0:
         return {}
     balance = next(a.rebalancer.records() for a in run.actions if isinstance(a, Balance))
+    timeline = next((a.summary() for a in run.actions if isinstance(a, Timeline)), None)
     record = build_record(
         config=cfg.to_dict(), world_size=run.size, device=run.device, controller=comm.kind,
         ranks=ranks, probe=[asdict(p) for p in run.probe], probe_time_s=run.probe_time_s,
         first_plan=run.first_plan, final_plan=run.plan, epochs=progress.epochs,
         wall_time_s=wall_time_s, per_rank_epoch_times_s=times, balance=balance,
         sparse_steps=progress.sparse_steps if sparse else None,
-        sparse_bytes_per_rank=nbytes if sparse else None)
+        sparse_bytes_per_rank=nbytes if sparse else None, timeline=timeline)
     where = save_record(record, cfg.out, [cfg.checkpoint_dir or cfg.resume])
     if not cfg.quiet:
         score = next(k for k in record if k.startswith("final_test_"))

@@ -7,8 +7,6 @@ All of it runs before TensorFlow is imported (:func:`checked_train`, :func:`chec
 except :func:`check_model`, which imports the user's model module and Keras."""
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +18,7 @@ from .errors import ConfigError, InputFileError
 from .planning import choose_plan
 from .runtime import agree, control
 from .targets import kind_of
+from .writable import can_create, check_observers, check_writable
 
 # setting -> (when it does something, what it needs): given otherwise, it is an error
 NEEDS = {
@@ -38,6 +37,8 @@ NEEDS = {
                          "--checkpoint-dir or --resume"),
     "overwrite": (lambda c: c.checkpoint_dir is not None, "--checkpoint-dir"),
     "emulate_unit": (lambda c: bool(c.emulate_speeds), "--emulate-speeds"),
+    **{name: (lambda c: c.timeline is not None, "--timeline")
+       for name in ("timeline_steps", "timeline_window")},
     **{name: (lambda c: not c.probe_file, "a probe (not --probe-file)")
        for name in ("probe_batch", "probe_sizes", "probe_steps", "probe_timeout")},
     "probe_refine": (lambda c: c.planned_by_probe and not c.probe_file,
@@ -72,27 +73,6 @@ def check_flags(cfg: TrainConfig, world_size: int) -> None:
             raise ConfigError(f"does nothing without {NEEDS[name][1]}", field=name)
 
 
-def check_writable(path: str | os.PathLike, field: str) -> None:
-    """``path`` can be created or replaced: not a directory, in an existing directory where a
-    file can be created (tried with a temporary file, removed at once)."""
-    p = Path(path)
-    if p.is_dir():
-        raise ConfigError(f"{p} is a directory; give a file path", field=field)
-    parent = p.resolve().parent
-    if not parent.is_dir():
-        raise ConfigError(f"directory {parent} does not exist", field=field)
-    _try_create(parent, field)
-
-
-def _try_create(directory: Path, field: str) -> None:
-    try:
-        fd, name = tempfile.mkstemp(dir=directory, prefix=".hetgrad-check")
-        os.close(fd)
-        os.unlink(name)
-    except OSError as exc:
-        raise ConfigError(f"cannot write in {directory}: {exc.strerror}", field=field) from None
-
-
 def check_checkpoint_dir(cfg: TrainConfig) -> None:
     """The checkpoint directory can be written and holds no other run's checkpoints (unless
     it is the one resumed from, or ``--overwrite``)."""
@@ -108,7 +88,7 @@ def check_checkpoint_dir(cfg: TrainConfig) -> None:
                           f"{d}, replace them with --overwrite, or choose another directory",
                           field="checkpoint_dir")
     existing = d if d.is_dir() else next(p for p in d.resolve().parents if p.exists())
-    _try_create(existing, "checkpoint_dir")
+    can_create(existing, "checkpoint_dir")
 
 
 def check_resume(cfg: TrainConfig, world_size: int, n_train: int) -> dict | None:
@@ -162,6 +142,7 @@ def check_train(cfg: TrainConfig, rank: int, world_size: int) -> tuple:
     check_flags(cfg, world_size)
     if rank == 0:
         check_writable(cfg.out, "out")
+        check_observers(cfg.tensorboard, cfg.timeline)
     check_checkpoint_dir(cfg)
     data = data_mod.load(cfg.data, kind_of(cfg.loss))
     state = check_resume(cfg, world_size, len(data.train))

@@ -173,6 +173,10 @@ TRAIN = [
     (["--out", "/proc/run.json"], "--out: cannot write in /proc"),
     (["--out", "{d}/adir.json"], "--out: {d}/adir.json is a directory"),
     (["--checkpoint-dir", "{d}/afile"], "--checkpoint-dir: {d}/afile is a file"),
+    (["--tensorboard", "{d}/afile"], "--tensorboard: {d}/afile is a file; give a directory"),
+    (["--tensorboard", "/proc/tb"], "--tensorboard: cannot make directory /proc/tb"),
+    (["--timeline", "{d}/adir.json"], "--timeline: {d}/adir.json is a directory"),
+    (["--timeline-window", "3"], "--timeline-window: does nothing without --timeline"),
     (["--checkpoint-dir", "{d}/ckpt-ok"], "--checkpoint-dir: {d}/ckpt-ok holds checkpoints of an "
      "earlier run; continue it with --resume"),
     # data files

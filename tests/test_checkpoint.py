@@ -5,6 +5,8 @@ import json
 import numpy as np
 import pytest
 
+from observed import assert_observed
+
 
 # sparse: the residuals and selection history of every rank are checkpointed too
 @pytest.mark.parametrize("extra", [{}, {"sparsify": "recent", "density": 0.05}],
@@ -12,8 +14,13 @@ import pytest
 def test_resume_matches_uninterrupted_run(world2, tmp_path, extra):
     common = dict(speeds=[1, 2], quiet=True, seed=3, probe_steps=1, **extra)
     straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
+    # the straight run observed: its scalars and timeline written, no weight changed by it
     world2.run("training:train", epochs=4, checkpoint_dir=str(straight),
-               out=str(tmp_path / "a.json"), **common)
+               out=str(tmp_path / "a.json"), tensorboard=str(tmp_path / "tb"),
+               timeline=str(tmp_path / "timeline.json"), **common)
+    seen = assert_observed(tmp_path / "tb", tmp_path / "timeline.json", ranks=2, epochs=4)
+    if extra:
+        assert [v for _, v in seen["scalars"][""]["epoch/density"]] == pytest.approx([0.05] * 4)
     world2.run("training:train", epochs=2, checkpoint_dir=str(interrupted),
                out=str(tmp_path / "b1.json"), **common)
     state = json.loads((interrupted / "state.json").read_text())

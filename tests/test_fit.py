@@ -7,6 +7,7 @@ import pytest
 import hetgrad
 import hetgrad.keras as hk
 from hetgrad.errors import HetgradError
+from observed import assert_observed
 
 
 # sleeps well above a 2-core machine's noise in the probe's smallest batches (at 2e-3 the plan
@@ -35,6 +36,10 @@ def test_fit_on_three_ranks(world3, tmp_path):
     assert len(plans) == 1, printed                # rank 0 only, the probed run
     b = list(map(int, plans[0]))
     assert sum(b) == 24 and b[0] < b[1] < b[2], b  # follows the emulated speeds 1, 2, 4
+    seen = assert_observed(f"{tmp_path / 'ckpt'}-tb", f"{tmp_path / 'ckpt'}-timeline.json",
+                           ranks=3, epochs=3)
+    assert seen["scalars"]["rank2"]["rank/batch"][0] == (1, b[2])   # the probed plan
+    assert "optimizer/learning_rate" in seen["scalars"][""]
 
 
 @pytest.mark.parametrize("per_call, pauses", [(1, [4, 4, 4, 4, 2]), (3, [12, 6])])

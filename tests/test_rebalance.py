@@ -7,6 +7,8 @@ import pytest
 from hetgrad.errors import HetgradError
 from hetgrad.partition import make_plan
 from hetgrad.rebalance import Rebalancer, imbalance
+from hetgrad.timeline import Sampler
+from observed import assert_observed
 
 
 class Gathered:
@@ -71,10 +73,14 @@ def slowdown_runs(world3, tmp_path_factory):
     for name, extra in (("static", {}),
                         # a high threshold: equal speeds must not churn even on a busy machine
                         ("rebalance", dict(rebalance=True, rebalance_threshold=0.25,
-                                           checkpoint_dir=str(d / "ckpt")))):
+                                           checkpoint_dir=str(d / "ckpt"),
+                                           tensorboard=str(d / "tb"),
+                                           timeline=str(d / "timeline.json"),
+                                           timeline_steps=20, timeline_window=6))):
         runs[name] = world3.run("training:train", **common, **extra,
                                 out=str(d / f"{name}.json")).root
     runs["state"] = json.loads((d / "ckpt" / "state.json").read_text())
+    runs["dir"] = d
     return runs
 
 
@@ -92,6 +98,42 @@ def test_rebalance_moves_work_off_the_slowed_rank(slowdown_runs):
     assert rec["final_test_accuracy"] > 0.85
     # a resume continues with the plan in effect, not the first one
     assert slowdown_runs["state"]["plan"]["batches"] == new
+
+
+def test_timeline_and_tensorboard_show_the_slowdown_and_the_replan(slowdown_runs):
+    d, rec = slowdown_runs["dir"], slowdown_runs["rebalance"]
+    seen = assert_observed(d / "tb", d / "timeline.json", ranks=3, epochs=4)
+    steps = rec["plan"]["steps_per_epoch"]
+    # every step of the first 20, then 6 mid-epoch steps of each epoch (after the first 20)
+    kept = [(a["epoch"], a["step"]) for name, _, _, a in seen["trace"]["steps"][0]
+            if name == "compute"]
+    sampler, wanted = Sampler(first=20, window=6), []
+    for e in range(4):
+        sampler.begin_epoch(0, steps)
+        wanted += [(e + 1, s) for s in range(steps) if sampler.wants(range(s, s + 1))]
+    assert sorted(kept) == wanted and len(wanted) > 20
+    # rank 1 computes 4x longer in epoch 3 (slowed: sleeps 128 ms a step against the others'
+    # 32, not yet re-planned), much less in epoch 4 (its batch cut); the others wait for it
+    def median(rank, epoch, name):
+        d = sorted(dur for n, _, dur, a in seen["trace"]["steps"][rank]
+                   if n == name and a["epoch"] == epoch)
+        return d[len(d) // 2]
+    assert median(1, 3, "compute") > 1.8 * median(0, 3, "compute")
+    assert median(0, 3, "exchange") > 0.4 * median(1, 3, "compute")
+    assert median(1, 4, "compute") < 0.6 * median(1, 3, "compute")
+    replan = [m for m in seen["trace"]["markers"] if m["name"] == "re-plan"]
+    assert len(replan) == 1 and replan[0]["args"]["new_batches"] == rec["balance"][2]["new_batches"]
+    assert len([m for m in seen["trace"]["markers"] if m["name"] == "checkpoint"]) == 4
+    # TensorBoard: rank 1's batch falls after epoch 3, the run's re-plan flag says when
+    tb = seen["scalars"]
+    assert [v for _, v in tb["rank1"]["rank/batch"]] == [32, 32, 32, rec["balance"][2]["new_batches"][1]]
+    assert [v for _, v in tb[""]["plan/replanned"]] == [0, 0, 1, 0]
+    busy = [v for _, v in tb["rank1"]["rank/busy_s"]]
+    assert busy == pytest.approx([e["busy_s"][1] for e in rec["balance"]])
+    assert [v for _, v in tb[""]["epoch/test_accuracy"]] == pytest.approx(
+        [e["test_accuracy"] for e in rec["epochs"]])
+    # the record keeps epoch 2's sampled steps and the last epoch's, for `hetgrad report`
+    assert {s["epoch"] for s in rec["timeline"]["steps"]} == {2, 4}
 
 
 def test_static_plan_measures_but_keeps_its_batches(slowdown_runs):

@@ -40,6 +40,18 @@ def test_report_groups_seeds_and_computes_speedup(tmp_path):
     assert len(pngs) == 1 and pngs[0].stat().st_size > 10_000
 
 
+def test_report_draws_a_records_timeline(tmp_path):
+    from hetgrad.timeline import Trace
+    trace = Trace(tmp_path / "t.json", 2)
+    for r in range(2):
+        trace.add(r, [(1, s, s, s + 0.1 * (r + 1), s + 0.3) for s in range(5)], (1, 0.0, 5.0))
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({**record("weighted", 0, 1.0, 0.9), "timeline": trace.summary()}))
+    _, pngs = report([path], tmp_path / "report")
+    drawn = tmp_path / "report" / "timeline_run.png"
+    assert drawn in pngs and drawn.read_bytes().startswith(b"\x89PNG")
+
+
 def test_report_rejects_non_records(tmp_path):
     bad = tmp_path / "x.json"
     bad.write_text("{}")

@@ -17,8 +17,9 @@ from ..errors import HetgradError
 from ..loop import run_epochs
 from ..partition import Plan, make_plan
 from ..run import ProbeSpec, RunSpec
-from ..runtime import init
+from ..runtime import agree, init
 from ..sparse.settings import Sparsify
+from ..writable import check_observers
 
 keras = compat.keras
 
@@ -29,7 +30,8 @@ def fit(model, x, y=None, *, global_batch: int, epochs: int, validation_data=Non
         drop_remainder: bool = False, checkpoint_dir: str | None = None, resume: bool = False, seed: int = 0,
         probe_steps: int = 8, callbacks: Sequence = (), verbose: int = 2, device: str = "",
         sparsify=None, step_timeout: float | None = 600.0,
-        emulate_speeds: str | None = None, emulate_unit: float = 1e-3):
+        emulate_speeds: str | None = None, emulate_unit: float = 1e-3,
+        tensorboard: str | None = None, timeline: str | None = None):
     """Train the compiled ``model`` on ``(x, y)`` with local batches that sum to
     ``global_batch``; returns the Keras ``History``.
 
@@ -48,7 +50,8 @@ def fit(model, x, y=None, *, global_batch: int, epochs: int, validation_data=Non
     another number of ranks it re-plans). ``sparsify`` (a policy name or
     :class:`hetgrad.sparse.Sparsify`): the top-k exchange. ``step_timeout``: end every rank
     when one makes no progress that long. ``emulate_speeds``: emulated per-rank speeds (as
-    ``hetgrad train --emulate-speeds``; default ``HETGRAD_EMULATE_SPEEDS``). Progress: rank 0.
+    ``hetgrad train --emulate-speeds``; default ``HETGRAD_EMULATE_SPEEDS``). ``tensorboard``
+    (a directory), ``timeline`` (a file): as ``hetgrad train``'s flags. Progress: rank 0.
     """
     comm = init()
     if not compat.is_compiled(model):
@@ -58,6 +61,7 @@ def fit(model, x, y=None, *, global_batch: int, epochs: int, validation_data=Non
                                                                  resume)
     make_plan([1.0] * comm.size, global_batch, len(source), min_batch=min_batch,
               max_batch=max_batch)     # the plan's arguments checked before any work
+    tensorboard, timeline = _observers(comm, tensorboard, timeline)
     sparsify = Sparsify(sparsify) if isinstance(sparsify, str) else sparsify
     history = keras.callbacks.History()
     run = assemble(RunSpec(
@@ -70,6 +74,7 @@ def fit(model, x, y=None, *, global_batch: int, epochs: int, validation_data=Non
                   "drop_remainder": drop_remainder},
         emulation=_emulation(emulate_speeds, emulate_unit, comm.size),
         validation=validation_data, verbose=verbose, step_timeout=step_timeout, device=device,
+        tensorboard=tensorboard, timeline=timeline,
         callbacks=[history, *callbacks, *progress_callbacks(verbose, comm.rank)]))
     if comm.rank == 0 and verbose:
         print(f"hetgrad: plan batches {run.plan.batches} (B={run.plan.global_batch}), "
@@ -79,6 +84,17 @@ def fit(model, x, y=None, *, global_batch: int, epochs: int, validation_data=Non
         shutil.rmtree(checkpoint_dir, ignore_errors=True)
     model.history = history
     return history
+
+
+def _observers(comm, tensorboard: str | None, timeline: str | None) -> tuple:
+    """Where rank 0 writes the scalars and the timeline -- rank 0's arguments, else any
+    rank's (Horovod's habit: give them on rank 0 only) -- checked by rank 0 before any work
+    (every rank raises its error)."""
+    given = comm.allgather((tensorboard, timeline)) if comm.size > 1 else [(tensorboard,
+                                                                           timeline)]
+    chosen = tuple(next((g[i] for g in given if g[i]), None) for i in (0, 1))
+    agree(comm, lambda: check_observers(*chosen) if comm.rank == 0 else None)
+    return chosen
 
 
 def _emulation(speeds: str | None, unit: float, size: int) -> tuple | None:

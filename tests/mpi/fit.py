@@ -1,6 +1,7 @@
 """hk.fit on real ranks: the manual path's weights, callbacks seen as one fit, early stopping
 on every rank, validation, checkpoint + resume equal to an uninterrupted run, and (under
-HETGRAD_EMULATE_SPEEDS) a probed plan that follows the speeds.
+HETGRAD_EMULATE_SPEEDS) a probed plan that follows the speeds, with TensorBoard scalars and
+the timeline.
 (the case ``fit:run`` of a test world, tests/world.py; ``ckpt`` a directory that does not
 exist yet).
 """
@@ -93,9 +94,11 @@ def run(ckpt: str) -> dict:
     res["resume_err"] = max(float(np.max(np.abs(a - b)))
                             for a, b in zip(resumed.get_weights(), straight.get_weights()))
 
-    # 4. probed plan (emulated speeds from the environment), rebalancing, progress on rank 0
+    # 4. probed plan (emulated speeds from the environment), rebalancing, progress on rank 0,
+    # observed (TensorBoard scalars and the timeline next to ``ckpt``)
     probed = compiled()
-    hist = hk.fit(probed, x, y, global_batch=B, epochs=3)
+    hist = hk.fit(probed, x, y, global_batch=B, epochs=3, tensorboard=f"{ckpt}-tb",
+                  timeline=f"{ckpt}-timeline.json")
     res["probed_loss"] = hist.history["loss"]
     res["probed_agree"] = agree(probed)
     res["var_y"] = float(np.var(y))
