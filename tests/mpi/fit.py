@@ -95,10 +95,11 @@ def run(ckpt: str) -> dict:
                             for a, b in zip(resumed.get_weights(), straight.get_weights()))
 
     # 4. probed plan (emulated speeds from the environment), rebalancing, progress on rank 0,
-    # observed (TensorBoard scalars and the timeline next to ``ckpt``)
+    # observed (TensorBoard scalars and the timeline next to ``ckpt``; the timeline given on
+    # rank 0 only, Horovod's habit for its HOROVOD_TIMELINE)
     probed = compiled()
     hist = hk.fit(probed, x, y, global_batch=B, epochs=3, tensorboard=f"{ckpt}-tb",
-                  timeline=f"{ckpt}-timeline.json")
+                  timeline=f"{ckpt}-timeline.json" if rank == 0 else None)
     res["probed_loss"] = hist.history["loss"]
     res["probed_agree"] = agree(probed)
     res["var_y"] = float(np.var(y))
