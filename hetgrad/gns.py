@@ -1,0 +1,71 @@
+"""The gradient noise scale from uneven local batches (the statistical half of goodput).
+
+Rank ``i`` holds the mean gradient ``g_i`` of its ``b_i`` samples; the exchange gives
+``g = sum_i (b_i / B) g_i``, the mean over all ``B``. With ``G`` the true gradient and ``S``
+the trace of one sample's gradient covariance, ``E|g_i|^2 = |G|^2 + S / b_i`` and
+``E|g|^2 = |G|^2 + S / B``, so over the ``P`` ranks that hold samples
+
+    sum_i b_i E|g_i|^2 - B E|g|^2 = (P - 1) S,
+
+which gives unbiased estimates from one step:
+
+    S_hat = (sum_i b_i n_i - B n) / (P - 1),    |G|^2_hat = n - S_hat / B,
+
+``n_i = |g_i|^2``, ``n = |g|^2``. With equal batches it is AdaptDL's (Pollux) estimator. One
+step's estimates are noisy; :class:`NoiseScale` smooths each with a bias-corrected moving
+average and gives ``B_noise = S / |G|^2`` (McCandlish et al. 2018: the batch where the
+gradient's noise and signal are equal). No TensorFlow here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+
+def estimate(batches: Sequence[float], local_sq_norms: Sequence[float],
+             global_sq_norm: float) -> tuple[float, float] | None:
+    """``(S_hat, |G|^2_hat)`` of one step from every rank's batch ``b_i``, its ``|g_i|^2`` and
+    the exchanged ``|g|^2``; None when fewer than two ranks held samples (no spread to see)."""
+    held = [(b, n) for b, n in zip(batches, local_sq_norms) if b > 0]
+    if len(held) < 2:
+        return None
+    total = sum(b for b, _ in held)
+    s = (sum(b * n for b, n in held) - total * global_sq_norm) / (len(held) - 1)
+    return s, global_sq_norm - s / total
+
+
+@dataclass
+class NoiseScale:
+    """Bias-corrected exponential moving averages of ``S`` and ``|G|^2`` (weight ``decay``
+    on the past, as Adam's moments), and ``B_noise`` from them."""
+
+    decay: float = 0.95
+    s: float = 0.0
+    g2: float = 0.0
+    steps: int = 0
+
+    def add(self, s: float, g2: float) -> None:
+        self.s = self.decay * self.s + (1 - self.decay) * s
+        self.g2 = self.decay * self.g2 + (1 - self.decay) * g2
+        self.steps += 1
+
+    def _corrected(self, value: float) -> float:
+        return value / (1 - self.decay ** self.steps)
+
+    @property
+    def noise(self) -> float | None:
+        """Smoothed ``S`` (None before the first step)."""
+        return self._corrected(self.s) if self.steps else None
+
+    @property
+    def signal(self) -> float | None:
+        """Smoothed ``|G|^2`` (None before the first step)."""
+        return self._corrected(self.g2) if self.steps else None
+
+    @property
+    def b_noise(self) -> float | None:
+        """``S / |G|^2``, None while ``|G|^2`` is not yet above 0 (early noise can make its
+        estimate negative)."""
+        if not self.steps or self.g2 <= 0:
+            return None
+        return self.s / self.g2     # the bias corrections cancel
