@@ -120,7 +120,7 @@ class Timeline(Action):
         in it."""
         measured = _measured(self.rebalancer, epoch)
         if measured is not None and measured.replanned:
-            self.trace.mark("re-plan", time.time(), batches=measured.batches,
+            self.trace.mark("re-plan", time.time(), epoch=epoch + 1, batches=measured.batches,
                             new_batches=measured.new_batches,
                             predicted_gain=round(measured.predicted_gain, 4))
         save = self.checkpointer.last_save
@@ -130,6 +130,8 @@ class Timeline(Action):
     def on_train_end(self, job):
         if self.trace is not None and not self.failed:
             _guarded(self, "the timeline", self.trace.write, True)
+            if not self.failed and job.spec.verbose:
+                print(f"hetgrad: timeline -> {self.path}", flush=True)
 
     def summary(self) -> dict | None:
         """Rank 0's summary of the trace for the record (None elsewhere)."""

@@ -1,6 +1,7 @@
 """``hetgrad report``: Markdown table and matplotlib plots from run records."""
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -139,7 +140,7 @@ def plots(runs: list[dict]) -> dict[str, bytes]:
         buf = io.BytesIO()
         fig.savefig(buf, format="png", dpi=110)
         plt.close(fig)
-        name = f"{task.replace('/', '_')}_{profile.replace(',', '-').replace(':', '-')}"
+        name = f"{task.replace('/', '_')}_{re.sub(r'[,:;@ ]', '-', profile)}"
         pngs[f"acc_{name}.png"] = buf.getvalue()
     return {**pngs, **timelines(runs)}
 

@@ -150,17 +150,20 @@ class Trace:
         self.written = time.monotonic()
 
     def summary(self, first: int = 30) -> dict:
-        """For the run's record (drawn by :func:`png`): the file, and every rank's spans of up
-        to ``first`` sampled steps of the second epoch (the first traces the step) and of the
-        last epoch's sampled steps, in seconds from the first epoch's begin."""
+        """For the run's record (drawn by :func:`png`): the file, the epochs that re-planned,
+        and every rank's spans of up to ``first`` sampled steps of the epoch whose timings
+        led to the first re-plan (without one, the second epoch: the first traces the step)
+        and of the last epoch, in seconds from the first epoch's begin."""
         at = self._aligned()
         keys = sorted(self.steps)
         epochs = sorted({e for e, _ in keys})
-        early = epochs[1] if len(epochs) > 1 else epochs[0] if epochs else None
+        replans = [m["args"].get("epoch") for m in self.markers if m["name"] == "re-plan"]
+        early = (replans[0] if replans and replans[0] in epochs else
+                 epochs[1] if len(epochs) > 1 else epochs[0] if epochs else None)
         chosen = [k for k in keys if k[0] == early][:first]
         chosen += [k for k in keys if k[0] == epochs[-1] and k not in chosen] if epochs else []
         rel = lambda r, s: None if s is None else [round(at(r, t), 6) for t in s]  # noqa: E731
-        return {"file": str(self.path), "steps": [
+        return {"file": str(self.path), "replanned_after": replans, "steps": [
             {"epoch": e, "step": st, "ranks": [rel(r, s) for r, s in
                                                 enumerate(self.steps[(e, st)])]}
             for e, st in chosen]}
@@ -189,8 +192,10 @@ def png(summary: dict, title: str = "") -> bytes:
                 ax.broken_barh([(start, ready - start)], (r - 0.35, 0.7), color="tab:blue")
                 ax.broken_barh([(ready, done - ready)], (r - 0.35, 0.7), color="tab:orange")
         if group:
-            ax.set_title(f"{title}: epoch {group[0]['epoch']}" if title else
-                         f"epoch {group[0]['epoch']}", fontsize=10)
+            epoch = group[0]["epoch"]
+            said = f"epoch {epoch}" + (" (re-planned after it)"
+                                       if epoch in summary.get("replanned_after", ()) else "")
+            ax.set_title(f"{title}: {said}" if title else said, fontsize=10)
         n = len(steps[0]["ranks"]) if steps else 1
         ax.set(xlabel="seconds since the first epoch began", ylabel="rank",
                yticks=range(n), ylim=(n - 0.5, -0.5))

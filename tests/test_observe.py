@@ -65,7 +65,7 @@ def test_trace_events_one_track_per_rank_skew_corrected(tmp_path, skew):
     trace.add(0, [(1, 0, 100.0, 100.2, 100.5), (1, 1, 100.5, 100.6, 101.0)], (1, 99.9, 101.1))
     trace.add(1, [(1, 0, 100.0 + skew, 100.4 + skew, 100.5 + skew),
                   (1, 1, 100.5 + skew, 100.9 + skew, 101.0 + skew)], (1, 99.95 + skew, 101.1 + skew))
-    trace.mark("re-plan", 101.05, batches=[4, 4], new_batches=[6, 2])
+    trace.mark("re-plan", 101.05, epoch=1, batches=[4, 4], new_batches=[6, 2])
     trace.mark("checkpoint", 101.0, dur=0.05, epoch=1)
     assert clock_offsets(trace.steps) == pytest.approx([0.0, skew])
     trace.write(force=True)
@@ -81,6 +81,7 @@ def test_trace_events_one_track_per_rank_skew_corrected(tmp_path, skew):
     assert names["re-plan"]["args"]["new_batches"] == [6, 2] and names["re-plan"]["ph"] == "i"
     assert names["checkpoint"]["dur"] == pytest.approx(50_000.0)
     summary = trace.summary()
+    assert summary["replanned_after"] == [1]
     assert summary["steps"][0]["ranks"][1] == pytest.approx([0.1, 0.5, 0.6])
     assert png(summary).startswith(b"\x89PNG")
 

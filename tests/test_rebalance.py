@@ -132,8 +132,10 @@ def test_timeline_and_tensorboard_show_the_slowdown_and_the_replan(slowdown_runs
     assert busy == pytest.approx([e["busy_s"][1] for e in rec["balance"]])
     assert [v for _, v in tb[""]["epoch/test_accuracy"]] == pytest.approx(
         [e["test_accuracy"] for e in rec["epochs"]])
-    # the record keeps epoch 2's sampled steps and the last epoch's, for `hetgrad report`
-    assert {s["epoch"] for s in rec["timeline"]["steps"]} == {2, 4}
+    # the record keeps the sampled steps of the epoch that led to the re-plan and of the last
+    # epoch, for `hetgrad report`
+    assert rec["timeline"]["replanned_after"] == [3]
+    assert {s["epoch"] for s in rec["timeline"]["steps"]} == {3, 4}
 
 
 def test_static_plan_measures_but_keeps_its_batches(slowdown_runs):
