@@ -40,7 +40,7 @@ class Reducer:
     """Sums already weighted gradients over the ranks. Subclasses with per-rank state (e.g.
     sparse residuals) return it from :meth:`state_dict` so checkpoints keep it.
 
-    ``carries_count``: :meth:`reduce_counted` sums a per-rank count in the same exchange.
+    ``carries_count``: :meth:`reduce_with` sums a per-rank count in the same exchange.
     ``check_local``: the finite check must look at each rank's own gradients before the
     exchange (the default checks the exchanged sum)."""
 
@@ -50,8 +50,9 @@ class Reducer:
     def reduce(self, grads: list) -> list:
         raise NotImplementedError
 
-    def reduce_counted(self, grads: list, count: tf.Tensor) -> tuple[list, tf.Tensor]:
-        """The summed gradients and ``sum_i count_i`` from one exchange."""
+    def reduce_with(self, grads: list, extra: list) -> tuple[list, list]:
+        """The summed gradients and the sums of the ``extra`` float32 vectors, riding the
+        same exchange (reducers that cannot carry them do not define it)."""
         raise NotImplementedError
 
     def build(self, shapes) -> None:
@@ -86,14 +87,13 @@ class DenseReducer(Reducer):
     def reduce(self, grads: Sequence) -> list:
         return self._reduce(grads, [])[0]
 
-    def reduce_counted(self, grads, count):
-        # the count waits for the gradients, so Horovod fuses its exchange with theirs
+    def reduce_with(self, grads, extra):
+        # the extras wait for the gradients, so Horovod fuses their exchange with theirs
         # instead of negotiating it alone at the start of the step
         ready = [g for g in grads if g is not None and not isinstance(g, tf.IndexedSlices)]
         with tf.control_dependencies(ready):
-            count = tf.reshape(tf.cast(count, tf.float32), [1])
-        out, extra = self._reduce(grads, [count])
-        return out, extra[0][0]
+            extra = [tf.identity(e) for e in extra]
+        return self._reduce(grads, extra)
 
     def _reduce(self, grads: Sequence, extra: list) -> tuple[list, list]:
         out: list = list(grads)
@@ -159,6 +159,8 @@ class Aggregation:
         # this rank holds no sample of the pass (set by a train step that counted none, or
         # by a weight of 0; cleared by :meth:`weighted`)
         self.idle = tf.Variable(False, trainable=False, name="hetgrad_idle")
+        self.noise = None   # a hetgrad.noise.GradientNoise when the noise scale is measured
+        self.seed = tf.Variable(0.0, trainable=False, name="hetgrad_seed")  # the pass's w_i
 
     @property
     def check_finite(self) -> bool:
@@ -184,7 +186,10 @@ class Aggregation:
         """What this rank's backward pass is seeded with: ``w_i`` (the weights sum to 1 over
         the ranks), or ``n_i`` for a fused sample weight (divided out after the exchange)."""
         w = tf.cast(self.weight(), tf.float32)
-        with tf.control_dependencies([self.idle.assign(self.idle | tf.equal(w, 0.0))]):
+        kept = [self.idle.assign(self.idle | tf.equal(w, 0.0))]
+        if self.noise is not None:
+            kept.append(self.seed.assign(w))
+        with tf.control_dependencies(kept):
             return tf.identity(w)
 
     def weighted(self, grads: list, seeded: bool = False) -> list:
@@ -220,11 +225,16 @@ class Aggregation:
         if check_before:
             grads = local_check(grads)
         t_ready = self.timer.ready(grads) if self.timer is not None else None
+        extra = [tf.reshape(self.weight.local_count(), [1])] if self.weight.fused else []
+        if self.noise is not None:
+            extra.append(self.noise.local(grads, self.seed.read_value(),
+                                          self.weight.local_batch()))
+        out, sums = self.reducer.reduce_with(grads, extra) if extra else \
+            (self.reducer.reduce(grads), [])
         if self.weight.fused:
-            out, total = self.reducer.reduce_counted(grads, self.weight.local_count())
-            out = scaled(out, 1.0 / total)
-        else:
-            out = self.reducer.reduce(grads)
+            out = scaled(out, 1.0 / sums[0][0])
+        if self.noise is not None:
+            self.noise.add(sums[-1], out)
         if self.check is not None and not check_before:
             out = self.check.after_exchange(out, grads)
         if self.timer is not None:

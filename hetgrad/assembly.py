@@ -24,7 +24,8 @@ from .errors import HetgradError
 from .partition import Plan, make_plan
 from .perfmodel import probe_batches
 from .probe import ProbeResult
-from .observe import Scalars, Timeline
+from .noise import check_measurable
+from .observe import Noise, Scalars, Timeline
 from .rebalance import Rebalancer
 from .run import Progress, Run, RunSpec
 from .timeline import Sampler
@@ -36,10 +37,10 @@ from .validate import check_resumed
 # statistics (a row says what its epoch ran); rank 0's test score before the balance (whose
 # gather is where the other ranks wait for it); the balance, which may re-plan, before the
 # checkpoint (which keeps the plan the next epoch uses); the user's Keras callbacks; the
-# checkpoint, of everything the epoch did; then what only observes: TensorBoard's scalars and
-# the timeline (last: at an epoch's end it sees the re-plan and the checkpoint).
+# checkpoint, of everything the epoch did; then what only observes: the noise scale, TensorBoard's
+# scalars (which show it) and the timeline (last: at an epoch's end it sees the re-plan and the checkpoint).
 ACTION_ORDER = (Emulation, Watchdog, Sparse, Evaluation, Balance, UserCallbacks, Checkpointing,
-                Scalars, Timeline)
+                Noise, Scalars, Timeline)
 
 
 def assemble(spec: RunSpec) -> Run:
@@ -52,6 +53,8 @@ def assemble(spec: RunSpec) -> Run:
     probe_time = time.perf_counter() - t0
     plan = Plan(**state["plan"]) if same_world else _plan(spec, comm.size, probed)
     optimizer = _hetgrad_optimizer(spec, plan, comm.rank, comm.size)
+    if spec.gns:
+        check_measurable(optimizer)
     checkpointer = Checkpointer(spec.checkpoint_dir, spec.model, optimizer, comm.rank,
                                 every=spec.checkpoint_every,
                                 state={"probe": [asdict(p) for p in probed],
@@ -189,6 +192,7 @@ def _actions(spec: RunSpec, comm, probed: list[ProbeResult], checkpointer) -> tu
         if spec.callbacks else None,
         Evaluation: Evaluation(spec.test, verbose) if spec.test is not None else None,
         Checkpointing: Checkpointing(checkpointer),
+        Noise: Noise() if spec.gns else None,
         Scalars: Scalars(spec.tensorboard, rebalancer) if spec.tensorboard else None,
         Timeline: Timeline(spec.timeline, Sampler(spec.timeline_steps, spec.timeline_window),
                            rebalancer, checkpointer) if spec.timeline else None,

@@ -154,6 +154,7 @@ class TrainConfig:
                                       "the run's and each rank's, in a new run dir here")
     timeline: str | None = setting(None, "rank 0 writes each rank's compute and exchange spans "
                                    "of sampled steps here (Chrome trace JSON)")
+    gns: bool = setting(False, "record the gradient noise scale B_noise every epoch")
     timeline_steps: int = setting(100, "timeline: every step of the first N", check=at_least(0))
     timeline_window: int = setting(10, "timeline: then N steps mid-epoch (in every 2nd, 4th.. "
                                    "epoch of a long run)", check=at_least(0))

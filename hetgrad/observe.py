@@ -11,6 +11,27 @@ from .actions import Action
 from .compat import keras
 
 
+class Noise(Action):
+    """Every epoch: the mean ``S`` and ``|G|^2`` of its steps (:mod:`hetgrad.noise`),
+    ``b_noise`` from them, and ``b_noise_smoothed`` (a bias-corrected moving average over the
+    epochs, :class:`hetgrad.gns.NoiseScale`) into the row."""
+
+    def __init__(self, decay: float = 0.5):
+        from .gns import NoiseScale
+        self.smooth = NoiseScale(decay=decay)
+
+    def on_epoch_begin(self, job, epoch):
+        job.aggregation.noise.take()    # what steps outside the epochs added (the probe)
+
+    def on_epoch_end(self, job, epoch, row):
+        s, g2, steps = job.aggregation.noise.take()
+        if not steps:
+            return
+        self.smooth.add(s, g2)
+        row.update(gns_noise=s, gns_signal=g2, gns_steps=steps,
+                   b_noise=s / g2 if g2 > 0 else None, b_noise_smoothed=self.smooth.b_noise)
+
+
 class Scalars(Action):
     """Rank 0 writes each epoch's scalars, the run's and every rank's, for TensorBoard
     (:mod:`hetgrad.scalars`), in a new run directory under ``base``. A write that fails

@@ -71,6 +71,7 @@ class RunSpec:
     timeline: str | None = None                # rank 0 writes the step timeline here
     timeline_steps: int = 100                  # every step of the first ones, then
     timeline_window: int = 10                  # a window of steps per epoch
+    gns: bool = False                          # measure the gradient noise scale
 
 
 @dataclass

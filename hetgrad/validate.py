@@ -37,6 +37,8 @@ NEEDS = {
                          "--checkpoint-dir or --resume"),
     "overwrite": (lambda c: c.checkpoint_dir is not None, "--checkpoint-dir"),
     "emulate_unit": (lambda c: bool(c.emulate_speeds), "--emulate-speeds"),
+    "gns": (lambda c: c.mode == "weighted" and c.sparsify is None,
+            "--mode weighted (and without --sparsify)"),
     **{name: (lambda c: c.timeline is not None, "--timeline")
        for name in ("timeline_steps", "timeline_window")},
     **{name: (lambda c: not c.probe_file, "a probe (not --probe-file)")

@@ -37,6 +37,7 @@ class PlanWeight:
         self.step = step
         self.full = tf.Variable(0.0, trainable=False, name="hetgrad_full_share")
         self.last = tf.Variable(0.0, trainable=False, name="hetgrad_last_share")
+        self.batch = tf.Variable([0.0, 0.0], trainable=False, name="hetgrad_local_batch")
         self.steps = tf.Variable(1, dtype=step.dtype, trainable=False,
                                  name="hetgrad_steps")
         self.update(plan)
@@ -45,11 +46,18 @@ class PlanWeight:
         lasts = plan.last_batches()
         self.full.assign(plan.batches[self.rank] / plan.global_batch)
         self.last.assign(lasts[self.rank] / sum(lasts))
+        self.batch.assign([plan.batches[self.rank], lasts[self.rank]])
         self.steps.assign(plan.steps_per_epoch)
 
+    def _final(self) -> tf.Tensor:
+        return tf.equal(tf.math.floormod(self.step, self.steps), self.steps - 1)
+
     def __call__(self) -> tf.Tensor:
-        final = tf.equal(tf.math.floormod(self.step, self.steps), self.steps - 1)
-        return tf.where(final, self.last, self.full)
+        return tf.where(self._final(), self.last, self.full)
+
+    def local_batch(self) -> tf.Tensor:
+        """``b_i`` of this step (the final step's own)."""
+        return tf.where(self._final(), self.batch[1], self.batch[0])
 
 
 UNCOUNTED = ("hetgrad: warning: the batch size of this step is not known here (a train step that is "
@@ -88,6 +96,9 @@ class SampleWeight:
         said = tf.cond(known | self.said, lambda: tf.constant(True), self._say_uncounted)
         with tf.control_dependencies([said]):
             return tf.where(known, tf.cast(n, tf.float32), 1.0)
+
+    def local_batch(self) -> tf.Tensor:
+        return self.local_count()
 
     def used(self) -> None:
         """The step's exchange is done: the next one counts anew."""

@@ -177,6 +177,9 @@ TRAIN = [
     (["--tensorboard", "/proc/tb"], "--tensorboard: cannot make directory /proc/tb"),
     (["--timeline", "{d}/adir.json"], "--timeline: {d}/adir.json is a directory"),
     (["--timeline-window", "3"], "--timeline-window: does nothing without --timeline"),
+    (["--gns", "--mode", "equal"], "--gns: does nothing without --mode weighted"),
+    (["--gns", "--sparsify", "topk"], "--gns: does nothing without --mode weighted (and without "
+     "--sparsify)"),
     (["--checkpoint-dir", "{d}/ckpt-ok"], "--checkpoint-dir: {d}/ckpt-ok holds checkpoints of an "
      "earlier run; continue it with --resume"),
     # data files

@@ -74,3 +74,58 @@ def test_smoothing_is_bias_corrected_and_waits_for_a_positive_signal():
     negative = NoiseScale()
     negative.add(10.0, -1.0)     # an early |G|^2 estimate below 0: no noise scale yet
     assert negative.b_noise is None
+
+
+def test_the_graph_measures_what_the_estimator_says():
+    """hetgrad.noise on three simulated ranks' gradients (two tensors, one of them an
+    IndexedSlices with a repeated row), seeded with w_i = b_i / B or fused (seeded with b_i),
+    against :func:`estimate` on the same numbers."""
+    import tensorflow as tf
+    from hetgrad.noise import GradientNoise, squared_norm
+
+    rng = np.random.default_rng(5)
+    batches = [3.0, 0.0, 9.0, 4.0]       # rank 1 holds no sample
+    total = sum(batches)
+    mine = [[rng.standard_normal((4, 3)).astype(np.float32), rng.standard_normal(5).astype(
+        np.float32)] if b else [np.zeros((4, 3), np.float32), np.zeros(5, np.float32)]
+        for b in batches]
+    sq = [float(sum(np.sum(t ** 2) for t in g)) for g in mine]
+    mean = [sum(b / total * g[k] for b, g in zip(batches, mine)) for k in range(2)]
+    want = estimate(batches, sq, float(sum(np.sum(t ** 2) for t in mean)))
+    for fused in (False, True):
+        noise = GradientNoise()
+        seeds = batches if fused else [b / total for b in batches]
+        sent = [noise.local([tf.constant(w * t) for t in g], tf.constant(w), tf.constant(b))
+                for g, w, b in zip(mine, seeds, batches)]
+        noise.add(tf.add_n(sent), [tf.constant(t) for t in mean])
+        s, g2, steps = noise.take()
+        assert steps == 1 and s == pytest.approx(want[0], rel=1e-5) \
+            and g2 == pytest.approx(want[1], rel=1e-5), fused
+    rows = tf.IndexedSlices(tf.constant([[1.0, 2.0], [3.0, 4.0]]), tf.constant([1, 1]),
+                            tf.constant([3, 2]))
+    assert float(squared_norm([rows])) == pytest.approx(4.0 ** 2 + 6.0 ** 2)
+
+
+@pytest.fixture(scope="module")
+def measured(world3, tmp_path_factory):
+    """``hetgrad train --gns`` on the same data, seed and global batch, split equally (plan
+    weights) and unevenly (counted samples, fused into the exchange): the global order makes
+    both train the same model, so only the estimator's split differs."""
+    d = tmp_path_factory.mktemp("gns")
+    return {name: world3.run("training:train", speeds=speeds, epochs=3, quiet=True, gns=True,
+                             probe_steps=1, seed=3, out=str(d / f"{name}.json"), **extra).root
+            for name, speeds, extra in (("equal", [1, 1, 1], {}),
+                                        ("uneven", [1, 2, 4], {"weighting": "samples"}))}
+
+
+def test_equal_and_uneven_splits_record_the_same_noise_scale(measured):
+    equal, uneven = measured["equal"], measured["uneven"]
+    assert equal["plan"]["batches"] == [32, 32, 32] and uneven["plan"]["batches"] == [14, 27, 55]
+    steps = equal["plan"]["steps_per_epoch"]
+    for a, b in zip(equal["epochs"], uneven["epochs"]):
+        assert a["gns_steps"] == b["gns_steps"] == steps
+        assert a["gns_noise"] > 0 and a["gns_signal"] > 0 and b["gns_signal"] > 0
+        assert b["b_noise_smoothed"] == pytest.approx(a["b_noise_smoothed"], rel=0.2)
+        assert b["b_noise"] == pytest.approx(a["b_noise"], rel=0.2)
+    # the trajectories are the same (weighted = full batch), so this compares estimators only
+    assert uneven["final_test_accuracy"] == pytest.approx(equal["final_test_accuracy"], abs=0.01)

@@ -31,7 +31,7 @@ def fit(model, x, y=None, *, global_batch: int, epochs: int, validation_data=Non
         probe_steps: int = 8, callbacks: Sequence = (), verbose: int = 2, device: str = "",
         sparsify=None, step_timeout: float | None = 600.0,
         emulate_speeds: str | None = None, emulate_unit: float = 1e-3,
-        tensorboard: str | None = None, timeline: str | None = None):
+        tensorboard: str | None = None, timeline: str | None = None, gns: bool = False):
     """Train the compiled ``model`` on ``(x, y)`` with local batches that sum to
     ``global_batch``; returns the Keras ``History``.
 
@@ -51,7 +51,7 @@ def fit(model, x, y=None, *, global_batch: int, epochs: int, validation_data=Non
     :class:`hetgrad.sparse.Sparsify`): the top-k exchange. ``step_timeout``: end every rank
     when one makes no progress that long. ``emulate_speeds``: emulated per-rank speeds (as
     ``hetgrad train --emulate-speeds``; default ``HETGRAD_EMULATE_SPEEDS``). ``tensorboard``
-    (a directory), ``timeline`` (a file): as ``hetgrad train``'s flags. Progress: rank 0.
+    (a directory), ``timeline`` (a file), ``gns``: as ``hetgrad train``'s flags. Progress: rank 0.
     """
     comm = init()
     if not compat.is_compiled(model):
@@ -74,7 +74,7 @@ def fit(model, x, y=None, *, global_batch: int, epochs: int, validation_data=Non
                   "drop_remainder": drop_remainder},
         emulation=_emulation(emulate_speeds, emulate_unit, comm.size),
         validation=validation_data, verbose=verbose, step_timeout=step_timeout, device=device,
-        tensorboard=tensorboard, timeline=timeline,
+        tensorboard=tensorboard, timeline=timeline, gns=gns,
         callbacks=[history, *callbacks, *progress_callbacks(verbose, comm.rank)]))
     if comm.rank == 0 and verbose:
         print(f"hetgrad: plan batches {run.plan.batches} (B={run.plan.global_batch}), "

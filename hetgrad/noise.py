@@ -1,0 +1,82 @@
+"""The gradient noise scale measured in the training graph (the estimator: :mod:`hetgrad.gns`).
+
+Before the exchange each rank makes ``[b_i n_i, b_i, 1]`` (``n_i = |g_i|^2`` of its own mean
+gradient, read off the weighted gradients it sends: ``w_i g_i``, or ``b_i g_i`` when the
+count is fused), which rides the gradients' own allreduce; after it, with ``n = |g|^2`` of the
+exchanged mean, every rank adds the step's ``S`` and ``|G|^2`` to the epoch's sums (the same
+numbers on every rank). A rank with no sample sends zeros. Measured on the dense exchange of
+one backward pass per step without a loss scale; :func:`check_measurable` refuses the rest.
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+
+from .errors import HetgradError
+
+
+def squared_norm(grads: list) -> tf.Tensor:
+    """``sum |g|^2`` over the tensors (an ``IndexedSlices``' repeated rows summed first)."""
+    total = tf.constant(0.0, tf.float32)
+    for g in grads:
+        if g is None:
+            continue
+        if isinstance(g, tf.IndexedSlices):
+            g = tf.math.unsorted_segment_sum(g.values, g.indices, g.dense_shape[0])
+        total += tf.reduce_sum(tf.square(tf.cast(g, tf.float32)))
+    return total
+
+
+class GradientNoise:
+    """The per-step estimates of ``S`` and ``|G|^2`` summed over an epoch, in variables."""
+
+    def __init__(self):
+        var = lambda name: tf.Variable(0.0, dtype=tf.float64, trainable=False,  # noqa: E731
+                                       name=f"hetgrad_gns_{name}")
+        self.s, self.g2, self.steps = var("s"), var("g2"), var("steps")
+
+    def local(self, weighted: list, seed: tf.Tensor, batch: tf.Tensor) -> tf.Tensor:
+        """``[b_i n_i, b_i, held]`` from this rank's gradients seeded with ``seed`` (``w_i``,
+        or ``b_i`` when fused: ``n_i = |weighted|^2 / seed^2`` either way)."""
+        b = tf.cast(batch, tf.float32)
+        bn = tf.math.divide_no_nan(b * squared_norm(weighted), tf.square(seed))
+        held = tf.cast(b > 0, tf.float32)
+        return tf.stack([bn * held, b, held])
+
+    def add(self, summed: tf.Tensor, mean_grads: list) -> None:
+        """The step's estimates from the summed vectors and the exchanged mean gradient;
+        nothing when fewer than two ranks held samples."""
+        n = squared_norm(mean_grads)
+        sum_bn, total, held = summed[0], summed[1], summed[2]
+        s = tf.math.divide_no_nan(sum_bn - total * n, held - 1.0)
+        g2 = n - tf.math.divide_no_nan(s, total)
+        ok = tf.cast(held >= 2.0, tf.float64)
+        self.s.assign_add(ok * tf.cast(s, tf.float64))
+        self.g2.assign_add(ok * tf.cast(g2, tf.float64))
+        self.steps.assign_add(ok)
+
+    def take(self) -> tuple[float, float, int]:
+        """The epoch's mean ``S``, mean ``|G|^2`` and its steps measured; the sums restart."""
+        steps = int(self.steps.numpy())
+        means = (float(self.s.numpy()) / max(steps, 1), float(self.g2.numpy()) / max(steps, 1))
+        for v in (self.s, self.g2, self.steps):
+            v.assign(0.0)
+        return (*means, steps)
+
+
+def check_measurable(optimizer) -> None:
+    """Refuse ``gns`` where the estimate would not be of one pass's mean gradients."""
+    from . import compat
+    from .sparse.reducer import SparseReducer
+    from .weights import FixedWeight
+    agg = optimizer.hetgrad
+    why = ("with sparsification (its exchange carries no extra sums)"
+           if isinstance(agg.reducer, SparseReducer) else
+           "with a compressed exchange" if not agg.reducer.carries_count else
+           "with a loss scale (mixed precision)" if compat.is_loss_scale_optimizer(optimizer)
+           else "with backward_passes_per_step > 1"
+           if getattr(optimizer, "_hetgrad_passes", 1) > 1 else
+           "with a fixed float weight (no batch size to weigh by)"
+           if isinstance(agg.weight, FixedWeight) else None)
+    if why:
+        raise HetgradError(f"the gradient noise scale is not measured {why} yet", field="gns")
+    agg.noise = GradientNoise()
