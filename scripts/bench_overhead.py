@@ -53,10 +53,14 @@ def build(kind: str, args, plan, hvd, hk, tf):
         from hetgrad.aggregate import DenseReducer
         reducer = DenseReducer(grouped=how == ["grouped"])
         opt = hk.DistributedOptimizer(base, weight=WEIGHTS[weight] or 1.0 / hvd.size(),
-                                      plan=plan, check_finite=mode in ("checked", "finite"),
+                                      plan=plan, check_finite=mode in ("checked", "finite",
+                                                                       "gns"),
                                       reducer=reducer)
         if mode in ("bare", "finite"):
             hk.aggregation_of(opt).timer = None
+        if mode == "gns":    # checked + the gradient noise scale measured every step
+            from hetgrad.noise import check_measurable
+            check_measurable(opt)
     model.compile(optimizer=opt, loss=tf.keras.losses.SparseCategoricalCrossentropy(True),
                   steps_per_execution=args.steps_per_execution)
     if kind.startswith("samples"):
@@ -132,7 +136,8 @@ def main() -> None:
                     help="TF inter-op threads (default: hetgrad's, max(2, --threads))")
     ap.add_argument("--arms", default=",".join(arms()),
                     help="comma-separated: horovod, WEIGHT-MODE[-grouped]; MODE: checked "
-                         "(finite check + timers), bare (neither), finite, timed (one)")
+                         "(finite check + timers), bare (neither), finite, timed (one), gns "
+                         "(checked + the noise scale)")
     ap.add_argument("--out")
     args = ap.parse_args()
     if args.table:
