@@ -224,17 +224,17 @@ class Aggregation:
         check_before = self.check is not None and self.reducer.check_local
         if check_before:
             grads = local_check(grads)
+        if self.noise is not None:   # the last step's numbers: sent before this one waits
+            self.noise.step()
         t_ready = self.timer.ready(grads) if self.timer is not None else None
-        extra = [tf.reshape(self.weight.local_count(), [1])] if self.weight.fused else []
-        if self.noise is not None:
-            extra.append(self.noise.local(grads, self.seed.read_value(),
-                                          self.weight.local_batch()))
-        out, sums = self.reducer.reduce_with(grads, extra) if extra else \
-            (self.reducer.reduce(grads), [])
         if self.weight.fused:
+            out, sums = self.reducer.reduce_with(
+                grads, [tf.reshape(self.weight.local_count(), [1])])
             out = scaled(out, 1.0 / sums[0][0])
+        else:
+            out = self.reducer.reduce(grads)
         if self.noise is not None:
-            self.noise.add(sums[-1], out)
+            self.noise.keep(grads, self.seed.read_value(), self.weight.local_batch(), out)
         if self.check is not None and not check_before:
             out = self.check.after_exchange(out, grads)
         if self.timer is not None:

@@ -1,10 +1,13 @@
 """The gradient noise scale measured in the training graph (the estimator: :mod:`hetgrad.gns`).
 
-Before the exchange each rank makes ``[b_i n_i, b_i, 1]`` (``n_i = |g_i|^2`` of its own mean
+Each rank keeps ``[b_i n_i, b_i, 1, n]`` of its step (``n_i = |g_i|^2`` of its own mean
 gradient, read off the weighted gradients it sends: ``w_i g_i``, or ``b_i g_i`` when the
-count is fused), which rides the gradients' own allreduce; after it, with ``n = |g|^2`` of the
-exchanged mean, every rank adds the step's ``S`` and ``|G|^2`` to the epoch's sums (the same
-numbers on every rank). A rank with no sample sends zeros. Measured on the dense exchange of
+count is fused; ``n = |g|^2`` of the exchanged mean) and sends the first three in the *next*
+step's exchange, in an allreduce of their own that waits for nothing, so it rides an early
+cycle of Horovod's (sent in the same step, after the last gradient, it cost a cycle more:
+docs/results.md); then every rank adds that step's ``S`` and ``|G|^2`` to the epoch's sums
+(the same numbers on every rank). A rank with no sample sends zeros. The last step of a run
+is not counted. Measured on the dense exchange of
 one backward pass per step without a loss scale; :func:`check_measurable` refuses the rest.
 """
 from __future__ import annotations
@@ -22,17 +25,31 @@ def squared_norm(grads: list) -> tf.Tensor:
             continue
         if isinstance(g, tf.IndexedSlices):
             g = tf.math.unsorted_segment_sum(g.values, g.indices, g.dense_shape[0])
-        total += tf.reduce_sum(tf.square(tf.cast(g, tf.float32)))
+        total += 2.0 * tf.nn.l2_loss(tf.cast(g, tf.float32))   # one kernel, no temporary
     return total
 
 
 class GradientNoise:
     """The per-step estimates of ``S`` and ``|G|^2`` summed over an epoch, in variables."""
 
-    def __init__(self):
+    def __init__(self, name: str = "hetgrad"):
         var = lambda name: tf.Variable(0.0, dtype=tf.float64, trainable=False,  # noqa: E731
                                        name=f"hetgrad_gns_{name}")
         self.s, self.g2, self.steps = var("s"), var("g2"), var("steps")
+        self.pending = tf.Variable(tf.zeros(4), trainable=False, name="hetgrad_gns_pending")
+        self.name = name
+
+    def step(self) -> None:
+        """Before this step's exchange: send the last step's numbers and add its estimates
+        (nothing here waits for this step's gradients)."""
+        import horovod.tensorflow as hvd
+        last = self.pending.read_value()
+        self.add(hvd.allreduce(last[:3], op=hvd.Sum, name=f"{self.name}.gns"), last[3])
+
+    def keep(self, weighted: list, seed: tf.Tensor, batch: tf.Tensor, mean: list) -> None:
+        """After this step's exchange: its numbers, for the next step to send."""
+        self.pending.assign(tf.concat([self.local(weighted, seed, batch),
+                                       tf.reshape(squared_norm(mean), [1])], 0))
 
     def local(self, weighted: list, seed: tf.Tensor, batch: tf.Tensor) -> tf.Tensor:
         """``[b_i n_i, b_i, held]`` from this rank's gradients seeded with ``seed`` (``w_i``,
@@ -42,10 +59,9 @@ class GradientNoise:
         held = tf.cast(b > 0, tf.float32)
         return tf.stack([bn * held, b, held])
 
-    def add(self, summed: tf.Tensor, mean_grads: list) -> None:
-        """The step's estimates from the summed vectors and the exchanged mean gradient;
-        nothing when fewer than two ranks held samples."""
-        n = squared_norm(mean_grads)
+    def add(self, summed: tf.Tensor, n: tf.Tensor) -> None:
+        """A step's estimates from the summed vectors and ``n = |g|^2`` of its exchanged mean
+        gradient; nothing when fewer than two ranks held samples."""
         sum_bn, total, held = summed[0], summed[1], summed[2]
         s = tf.math.divide_no_nan(sum_bn - total * n, held - 1.0)
         g2 = n - tf.math.divide_no_nan(s, total)
