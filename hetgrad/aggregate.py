@@ -160,7 +160,9 @@ class Aggregation:
         # by a weight of 0; cleared by :meth:`weighted`)
         self.idle = tf.Variable(False, trainable=False, name="hetgrad_idle")
         self.noise = None   # a hetgrad.noise.GradientNoise when the noise scale is measured
-        self.seed = tf.Variable(0.0, trainable=False, name="hetgrad_seed")  # the pass's w_i
+        # the pass's w_i and b_i, read when it is seeded (the step count moves on before the
+        # exchange, and a plan's b_i follows it)
+        self.seed = tf.Variable([0.0, 0.0], trainable=False, name="hetgrad_seed")
 
     @property
     def check_finite(self) -> bool:
@@ -188,7 +190,8 @@ class Aggregation:
         w = tf.cast(self.weight(), tf.float32)
         kept = [self.idle.assign(self.idle | tf.equal(w, 0.0))]
         if self.noise is not None:
-            kept.append(self.seed.assign(w))
+            b = tf.cast(self.weight.local_batch(), tf.float32)
+            kept.append(self.seed.assign(tf.stack([w, b])))
         with tf.control_dependencies(kept):
             return tf.identity(w)
 
@@ -234,7 +237,7 @@ class Aggregation:
         else:
             out = self.reducer.reduce(grads)
         if self.noise is not None:
-            self.noise.keep(grads, self.seed.read_value(), self.weight.local_batch(), out)
+            self.noise.keep(grads, self.seed.read_value(), out)
         if self.check is not None and not check_before:
             out = self.check.after_exchange(out, grads)
         if self.timer is not None:

@@ -141,7 +141,11 @@ def optimizer_variables(optimizer) -> list:
 
 
 def learning_rate(optimizer) -> float:
-    return float(tf.convert_to_tensor(optimizer.learning_rate))
+    """The current learning rate (a schedule object evaluated at the optimizer's step)."""
+    lr = optimizer.learning_rate
+    if callable(lr) and not hasattr(lr, "numpy"):
+        lr = lr(optimizer.iterations)
+    return float(tf.convert_to_tensor(lr))
 
 
 def set_learning_rate(optimizer, value: float) -> None:

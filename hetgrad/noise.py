@@ -46,9 +46,10 @@ class GradientNoise:
         last = self.pending.read_value()
         self.add(hvd.allreduce(last[:3], op=hvd.Sum, name=f"{self.name}.gns"), last[3])
 
-    def keep(self, weighted: list, seed: tf.Tensor, batch: tf.Tensor, mean: list) -> None:
-        """After this step's exchange: its numbers, for the next step to send."""
-        self.pending.assign(tf.concat([self.local(weighted, seed, batch),
+    def keep(self, weighted: list, seeded: tf.Tensor, mean: list) -> None:
+        """After this step's exchange: its numbers (``seeded``: the pass's ``[w_i, b_i]``),
+        for the next step to send."""
+        self.pending.assign(tf.concat([self.local(weighted, seeded[0], seeded[1]),
                                        tf.reshape(squared_norm(mean), [1])], 0))
 
     def local(self, weighted: list, seed: tf.Tensor, batch: tf.Tensor) -> tf.Tensor:
@@ -85,14 +86,15 @@ def check_measurable(optimizer) -> None:
     from .sparse.reducer import SparseReducer
     from .weights import FixedWeight
     agg = optimizer.hetgrad
-    why = ("with sparsification (its exchange carries no extra sums)"
-           if isinstance(agg.reducer, SparseReducer) else
-           "with a compressed exchange" if not agg.reducer.carries_count else
-           "with a loss scale (mixed precision)" if compat.is_loss_scale_optimizer(optimizer)
-           else "with backward_passes_per_step > 1"
-           if getattr(optimizer, "_hetgrad_passes", 1) > 1 else
-           "with a fixed float weight (no batch size to weigh by)"
-           if isinstance(agg.weight, FixedWeight) else None)
+    refused = [(isinstance(agg.reducer, SparseReducer),
+                "with sparsification (its exchange carries no extra sums)"),
+               (not agg.reducer.carries_count, "with a compressed exchange"),
+               (compat.is_loss_scale_optimizer(optimizer), "with a loss scale (mixed precision)"),
+               (getattr(optimizer, "_hetgrad_passes", 1) > 1,
+                "with backward_passes_per_step > 1"),
+               (isinstance(agg.weight, FixedWeight),
+                "with a fixed float weight (no batch size to weigh by)")]
+    why = next((why for refuse, why in refused if refuse), None)
     if why:
         raise HetgradError(f"the gradient noise scale is not measured {why} yet", field="gns")
     agg.noise = GradientNoise()

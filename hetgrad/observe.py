@@ -52,9 +52,13 @@ class Scalars(Action):
     def on_epoch_end(self, job, epoch, row):
         if self.writer is None or self.failed:
             return
-        from .scalars import epoch_scalars, learning_rate
+        from .scalars import epoch_scalars
+        try:
+            lr = compat.learning_rate(job.optimizer)
+        except (AttributeError, TypeError, ValueError):   # an optimizer without one
+            lr = None
         run, ranks = epoch_scalars(row, _measured(self.rebalancer, epoch),
-                                   job.plan.global_batch, learning_rate(job.optimizer))
+                                   job.plan.global_batch, lr)
         _guarded(self, "TensorBoard scalars", self.writer.write, epoch + 1, run, ranks)
 
     def on_train_end(self, job):

@@ -149,13 +149,13 @@ def timelines(runs: list[dict]) -> dict[str, bytes]:
     """``timeline_<record>.png`` of every record that holds a timeline (``--timeline``);
     ``timeline_<its directory>_<record>.png`` where two records share a name."""
     from .timeline import png
-    drawn = [Path(r["_path"]) for r in runs if r.get("timeline", {}).get("steps")]
-    stems = [p.stem for p in drawn]
-    names = [p.stem if stems.count(p.stem) == 1 else f"{p.parent.name}_{p.stem}"
-             for p in drawn]
-    by_path = {r["_path"]: r for r in runs}
-    return {f"timeline_{name}.png": png(by_path[str(p)]["timeline"], name)
-            for p, name in zip(drawn, names)}
+    drawn = [r for r in runs if r.get("timeline", {}).get("steps")]
+    stems = [Path(r["_path"]).stem for r in drawn]
+    pngs = {}
+    for r, stem in zip(drawn, stems):
+        name = stem if stems.count(stem) == 1 else f"{Path(r['_path']).parent.name}_{stem}"
+        pngs[f"timeline_{name}.png"] = png(r["timeline"], name)
+    return pngs
 
 
 def report(paths, out_dir: str | Path) -> tuple[str, list[Path]]:

@@ -81,17 +81,3 @@ class ScalarWriter:
     def close(self) -> None:
         for writer in (self.run, *self.ranks):
             writer.close()
-
-
-def learning_rate(optimizer) -> float | None:
-    """The optimizer's current learning rate (a schedule evaluated at its step), if it has
-    one."""
-    lr = getattr(optimizer, "learning_rate", None)
-    if lr is None:
-        return None
-    if callable(lr) and not hasattr(lr, "numpy"):     # a schedule object (tf.keras)
-        lr = lr(optimizer.iterations)
-    try:
-        return float(lr)
-    except (TypeError, ValueError):
-        return None
