@@ -17,10 +17,12 @@ from ._keras.counting import count_samples
 from ._keras.optimizer import DistributedOptimizer, hetgrad_outermost, set_plan
 from ._keras.probing import probe as probe_model
 from ._keras.callbacks import on_this_rank
+from .adapt import AdaptiveBatch
 from .actions import (Balance, Checkpointing, Emulation, Evaluation, Sparse, UserCallbacks,
                       Watchdog)
 from .checkpoint import Checkpointer, checked_state
 from .errors import HetgradError
+from .goodput import BatchChooser
 from .partition import Plan, make_plan
 from .perfmodel import probe_batches
 from .probe import ProbeResult
@@ -37,10 +39,12 @@ from .validate import check_resumed
 # statistics (a row says what its epoch ran); rank 0's test score before the balance (whose
 # gather is where the other ranks wait for it); the balance, which may re-plan, before the
 # checkpoint (which keeps the plan the next epoch uses); the user's Keras callbacks; the
-# checkpoint, of everything the epoch did; then what only observes: the noise scale, TensorBoard's
-# scalars (which show it) and the timeline (last: at an epoch's end it sees the re-plan and the checkpoint).
-ACTION_ORDER = (Emulation, Watchdog, Sparse, Evaluation, Balance, UserCallbacks, Checkpointing,
-                Noise, Scalars, Timeline)
+# checkpoint, of everything the epoch did; then what only observes: TensorBoard's scalars and
+# the timeline (last: at an epoch's end it sees the re-plan and the checkpoint). The noise
+# scale before the balance and the goodput's batch after it (which weighs both): that one's
+# learning rate is set before the user's callbacks read it at an epoch's end.
+ACTION_ORDER = (Emulation, Watchdog, Sparse, Evaluation, Noise, Balance, AdaptiveBatch,
+                UserCallbacks, Checkpointing, Scalars, Timeline)
 
 
 def assemble(spec: RunSpec) -> Run:
@@ -51,10 +55,17 @@ def assemble(spec: RunSpec) -> Run:
     t0 = time.perf_counter()
     probed = _probe(spec, comm, state if same_world else None)
     probe_time = time.perf_counter() - t0
-    plan = Plan(**state["plan"]) if same_world else _plan(spec, comm.size, probed)
+    plan = Plan(**state["plan"]) if same_world else _plan(
+        replace(spec, global_batch=state["plan"]["global_batch"]) if state else spec,
+        comm.size, probed)
     optimizer = _hetgrad_optimizer(spec, plan, comm.rank, comm.size)
-    if spec.gns:
-        check_measurable(optimizer)
+    if spec.gns or spec.adaptive_batch:
+        check_measurable(optimizer, "adaptive_batch" if spec.adaptive_batch else "gns",
+                         spec.gns_every)
+    if spec.adaptive_batch and not hasattr(optimizer.learning_rate, "assign"):
+        raise HetgradError("the adaptive batch scales the learning rate: give the optimizer a "
+                           "number, not a schedule (a LearningRateScheduler callback works)",
+                           field="adaptive_batch")
     checkpointer = Checkpointer(spec.checkpoint_dir, spec.model, optimizer, comm.rank,
                                 every=spec.checkpoint_every,
                                 state={"probe": [asdict(p) for p in probed],
@@ -66,7 +77,7 @@ def assemble(spec: RunSpec) -> Run:
                   f"{comm.size} ranks: plan batches {plan.batches}", file=sys.stderr, flush=True)
     epoch, step = _position(state, plan)
     return Run(spec, comm, spec.model, optimizer, checkpointer,
-               _actions(spec, comm, probed, checkpointer), Progress(plan), plan, tuple(probed),
+               _actions(spec, comm, probed, checkpointer, state), Progress(plan), plan, tuple(probed),
                probe_time, epoch, spec.device, step)
 
 
@@ -102,7 +113,8 @@ def _resumed(spec: RunSpec, comm) -> dict | None:
         raise kind(message, field=field)
     if state is not None:
         check_resumed(state, spec.checkpoint_dir, spec.identity, global_batch=spec.global_batch,
-                      n_train=len(spec.data), epochs=spec.epochs)
+                      n_train=len(spec.data), epochs=spec.epochs,
+                      batch_range=spec.adaptive_batch)
     return state
 
 
@@ -118,7 +130,8 @@ def _probe(spec: RunSpec, comm, state: dict | None) -> list[ProbeResult]:
         return []
     cap = spec.max_batch[comm.rank] if isinstance(spec.max_batch, (list, tuple)) \
         else spec.max_batch
-    top = min(p.top or spec.global_batch, cap or spec.global_batch)
+    widest = spec.adaptive_batch[1] if spec.adaptive_batch else spec.global_batch
+    top = min(p.top or widest, cap or widest)   # the models must hold the batches it may run
     emulation = Emulation.of(*spec.emulation, comm.rank) if spec.emulation else None
     results = probe_model(spec.model, spec.data, global_batch=spec.global_batch,
                           batches=probe_batches(top, spec.global_batch, comm.size, p.sizes),
@@ -176,8 +189,9 @@ def _hetgrad_optimizer(spec: RunSpec, plan: Plan, rank: int, size: int):
     return opt
 
 
-def _actions(spec: RunSpec, comm, probed: list[ProbeResult], checkpointer) -> tuple:
-    """The run's actions, in :data:`ACTION_ORDER`."""
+def _actions(spec: RunSpec, comm, probed: list[ProbeResult], checkpointer,
+             state: dict | None) -> tuple:
+    """The run's actions, in :data:`ACTION_ORDER` (``state``: the resumed checkpoint's)."""
     verbose = spec.verbose > 0
     rebalancer = Rebalancer(comm, models=[p.model() for p in probed]
                             if _planned_by_probe(spec) and probed else None,
@@ -192,7 +206,11 @@ def _actions(spec: RunSpec, comm, probed: list[ProbeResult], checkpointer) -> tu
         if spec.callbacks else None,
         Evaluation: Evaluation(spec.test, verbose) if spec.test is not None else None,
         Checkpointing: Checkpointing(checkpointer),
-        Noise: Noise() if spec.gns else None,
+        Noise: Noise() if spec.gns or spec.adaptive_batch else None,
+        AdaptiveBatch: AdaptiveBatch(BatchChooser(*spec.adaptive_batch, spec.global_batch),
+                                     rebalancer, compat.is_sgd(spec.model.optimizer), verbose,
+                                     (state or {}).get("adaptive"))
+        if spec.adaptive_batch else None,
         Scalars: Scalars(spec.tensorboard, rebalancer) if spec.tensorboard else None,
         Timeline: Timeline(spec.timeline, Sampler(spec.timeline_steps, spec.timeline_window),
                            rebalancer, checkpointer) if spec.timeline else None,

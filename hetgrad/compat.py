@@ -50,6 +50,11 @@ def is_loss_scale_optimizer(optimizer) -> bool:
     return any(c is not None and isinstance(optimizer, c) for c in classes)
 
 
+def is_sgd(optimizer) -> bool:
+    """Whether ``optimizer`` (or what it wraps) is an SGD of any Keras flavour."""
+    return any(c.__name__ == "SGD" for c in type(optimizer).__mro__)
+
+
 def mixed_float16() -> bool:
     """Whether the global dtype policy is ``mixed_float16`` (Keras wraps the optimizer in a
     ``LossScaleOptimizer`` at ``compile`` then)."""

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .errors import ConfigError
-from .sparse.settings import EXCHANGES, POLICIES
+from .sparse.settings import EXCHANGES, POLICIES, SPARSIFY_SETTING  # noqa: F401
 
 MODES = ("weighted", "uneven-avg", "equal")
 WEIGHTINGS = ("plan", "samples")
@@ -48,6 +48,11 @@ def _split(name: str, text: str, kind: type, what: str) -> list:
 def floats(name: str, text: str) -> list[float]:
     """``"1,2,4"`` -> ``[1.0, 2.0, 4.0]``."""
     return _split(name, text, float, "numbers")
+
+
+def ints(name: str, text: str) -> list[int]:
+    """``"64,2048"`` -> ``[64, 2048]``."""
+    return _split(name, text, int, "integers")
 
 
 def int_or_ints(name: str, text: str) -> int | list[int]:
@@ -155,6 +160,11 @@ class TrainConfig:
     timeline: str | None = setting(None, "rank 0 writes each rank's compute and exchange spans "
                                    "of sampled steps here (Chrome trace JSON)")
     gns: bool = setting(False, "record the gradient noise scale B_noise every epoch")
+    gns_every: int = setting(4, "the noise scale of every N-th step", check=at_least(1))
+    adaptive_batch: bool = setting(False, "choose each epoch's global batch by goodput (from "
+                                   "B_noise and the step models), scaling the learning rate")
+    batch_range: list[int] | None = setting(None, "--adaptive-batch: LO,HI of the global "
+                                            "batch (default: B to 16 B)", parse=ints)
     timeline_steps: int = setting(100, "timeline: every step of the first N", check=at_least(0))
     timeline_window: int = setting(10, "timeline: then N steps mid-epoch (in every 2nd, 4th.. "
                                    "epoch of a long run)", check=at_least(0))
@@ -170,6 +180,9 @@ class TrainConfig:
         if self.sparsify is not None and self.mode != "weighted":
             raise ConfigError("sparsification runs with mode 'weighted' only", field="sparsify")
         self._check_sparse()
+        if self.adaptive_batch:
+            from .goodput import check_range
+            check_range(self.batch_range or self.default_range(), self.global_batch)
         if self.resume and not (Path(self.resume) / "state.json").is_file():
             raise ConfigError(f"no checkpoint in {self.resume} (state.json missing)",
                               field="resume")
@@ -184,20 +197,13 @@ class TrainConfig:
             self.sparse_settings()   # its own checks (e.g. leader with exchange allgather)
 
     def sparse_settings(self, log_steps: int = 4096):
-        """The :class:`~hetgrad.sparse.Sparsify` of ``--sparsify`` and its options (its
-        errors named by these settings, not by its own fields)."""
+        """The :class:`~hetgrad.sparse.Sparsify` of ``--sparsify`` and its options."""
         from .sparse.settings import Sparsify
-        try:
-            return Sparsify(policy=self.sparsify, density=self.density, exchange=self.exchange,
-                            dense_below=self.dense_below,
-                            momentum=0.9 if self.momentum_correction else 0.0,
-                            mask_momentum=not self.momentum_unmasked,
-                            clip_norm=self.local_clip, warmup_epochs=self.density_warmup,
-                            dense_above=self.dense_above, fresh=self.fresh,
-                            log_steps=log_steps)
-        except ConfigError as exc:
-            raise ConfigError(exc.message, field=SPARSIFY_SETTING.get(exc.field, exc.field)) \
-                from None
+        return Sparsify.of_settings(self, log_steps)
+
+    def default_range(self) -> list[int]:
+        """``--batch-range`` when not given: the global batch to 16 times it."""
+        return [self.global_batch, 16 * self.global_batch]
 
     def emulation_spec(self) -> str | None:
         """What a probe of this job is timed under (None: real speeds), so a saved probe is
@@ -214,12 +220,6 @@ class TrainConfig:
 
 
 SETTINGS = {f.name: f for f in fields(TrainConfig)}
-
-
-# Sparsify's fields that the settings above name otherwise
-SPARSIFY_SETTING = {"policy": "sparsify", "momentum": "momentum_correction",
-                    "mask_momentum": "momentum_unmasked", "clip_norm": "local_clip",
-                    "warmup_epochs": "density_warmup"}
 
 
 def unknown_model(name: str) -> str:

@@ -7,7 +7,8 @@ step's exchange, in an allreduce of their own that waits for nothing, so it ride
 cycle of Horovod's (sent in the same step, after the last gradient, it cost a cycle more:
 docs/results.md); then every rank adds that step's ``S`` and ``|G|^2`` to the epoch's sums
 (the same numbers on every rank). A rank with no sample sends zeros. The last step of a run
-is not counted. Measured on the dense exchange of
+is not counted. With ``every > 1`` only every ``every``-th step is measured (its cost is a
+read of every gradient: docs/results.md). Measured on the dense exchange of
 one backward pass per step without a loss scale; :func:`check_measurable` refuses the rest.
 """
 from __future__ import annotations
@@ -32,25 +33,44 @@ def squared_norm(grads: list) -> tf.Tensor:
 class GradientNoise:
     """The per-step estimates of ``S`` and ``|G|^2`` summed over an epoch, in variables."""
 
-    def __init__(self, name: str = "hetgrad"):
+    def __init__(self, every: int = 1, name: str = "hetgrad"):
         var = lambda name: tf.Variable(0.0, dtype=tf.float64, trainable=False,  # noqa: E731
                                        name=f"hetgrad_gns_{name}")
         self.s, self.g2, self.steps = var("s"), var("g2"), var("steps")
         self.pending = tf.Variable(tf.zeros(4), trainable=False, name="hetgrad_gns_pending")
-        self.name = name
+        self.every, self.name = every, name
+        self.count = tf.Variable(0, dtype=tf.int64, trainable=False, name="hetgrad_gns_count")
+        self.kept = tf.Variable(False, trainable=False, name="hetgrad_gns_kept")
 
     def step(self) -> None:
-        """Before this step's exchange: send the last step's numbers and add its estimates
-        (nothing here waits for this step's gradients)."""
+        """Before this step's exchange: send the last step's numbers, if it was measured, and
+        add its estimates (nothing here waits for this step's gradients)."""
+        if self.every == 1:
+            self._send()
+        else:   # every rank counts the same steps: all take the same branch
+            tf.cond(self.kept, self._send, lambda: tf.constant(False))
+
+    def _send(self) -> tf.Tensor:
         import horovod.tensorflow as hvd
         last = self.pending.read_value()
         self.add(hvd.allreduce(last[:3], op=hvd.Sum, name=f"{self.name}.gns"), last[3])
+        return tf.constant(True)
 
     def keep(self, weighted: list, seeded: tf.Tensor, mean: list) -> None:
         """After this step's exchange: its numbers (``seeded``: the pass's ``[w_i, b_i]``),
-        for the next step to send."""
-        self.pending.assign(tf.concat([self.local(weighted, seeded[0], seeded[1]),
-                                       tf.reshape(squared_norm(mean), [1])], 0))
+        for the next step to send -- in every ``every``-th step only (the norms are a read of
+        every gradient)."""
+        def measure() -> tf.Tensor:
+            self.pending.assign(tf.concat([self.local(weighted, seeded[0], seeded[1]),
+                                           tf.reshape(squared_norm(mean), [1])], 0))
+            return tf.constant(True)
+
+        if self.every == 1:
+            measure()
+            return
+        due = tf.equal(self.count % self.every, 0)
+        self.kept.assign(tf.cond(due, measure, lambda: tf.constant(False)))
+        self.count.assign_add(1)
 
     def local(self, weighted: list, seed: tf.Tensor, batch: tf.Tensor) -> tf.Tensor:
         """``[b_i n_i, b_i, held]`` from this rank's gradients seeded with ``seed`` (``w_i``,
@@ -80,8 +100,9 @@ class GradientNoise:
         return (*means, steps)
 
 
-def check_measurable(optimizer) -> None:
-    """Refuse ``gns`` where the estimate would not be of one pass's mean gradients."""
+def check_measurable(optimizer, field: str = "gns", every: int = 1) -> None:
+    """Refuse ``gns`` (or what needs it, ``field``) where the estimate would not be of one
+    pass's mean gradients."""
     from . import compat
     from .sparse.reducer import SparseReducer
     from .weights import FixedWeight
@@ -96,5 +117,5 @@ def check_measurable(optimizer) -> None:
                 "with a fixed float weight (no batch size to weigh by)")]
     why = next((why for refuse, why in refused if refuse), None)
     if why:
-        raise HetgradError(f"the gradient noise scale is not measured {why} yet", field="gns")
-    agg.noise = GradientNoise()
+        raise HetgradError(f"the gradient noise scale is not measured {why} yet", field=field)
+    agg.noise = GradientNoise(every)

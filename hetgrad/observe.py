@@ -53,12 +53,13 @@ class Scalars(Action):
         if self.writer is None or self.failed:
             return
         from .scalars import epoch_scalars
+        lr = row.get("lr")   # the adaptive batch's scaled one
         try:
-            lr = compat.learning_rate(job.optimizer)
+            lr = lr if lr is not None else compat.learning_rate(job.optimizer)
         except (AttributeError, TypeError, ValueError):   # an optimizer without one
             lr = None
         run, ranks = epoch_scalars(row, _measured(self.rebalancer, epoch),
-                                   job.plan.global_batch, lr)
+                                   row.get("global_batch", job.plan.global_batch), lr)
         _guarded(self, "TensorBoard scalars", self.writer.write, epoch + 1, run, ranks)
 
     def on_train_end(self, job):

@@ -72,6 +72,8 @@ class RunSpec:
     timeline_steps: int = 100                  # every step of the first ones, then
     timeline_window: int = 10                  # a window of steps per epoch
     gns: bool = False                          # measure the gradient noise scale
+    gns_every: int = 4                         # in every N-th step
+    adaptive_batch: tuple[int, int] | None = None   # choose the global batch in this range
 
 
 @dataclass

@@ -14,7 +14,8 @@ if TYPE_CHECKING:
     from .rebalance import EpochBalance
 
 # keys of an epoch's record row that are not the run's scalars
-NOT_SCALARS = {"epoch", "first_step", "stopped_at_step", "busy_s", "wait_s", "batches"}
+NOT_SCALARS = {"epoch", "first_step", "stopped_at_step", "busy_s", "wait_s", "batches",
+               "global_batch", "lr"}     # (the last two: under plan/ and optimizer/)
 
 
 def epoch_scalars(row: dict, balance: "EpochBalance | None", global_batch: int,

@@ -62,7 +62,9 @@ def spec_of(checked: Checked) -> RunSpec:
         resume=bool(cfg.resume), identity=job_identity(cfg), emulation=emulation_of(cfg, comm),
         test=data.test, verbose=0 if cfg.quiet else 2, step_timeout=cfg.step_timeout,
         device=device, tensorboard=cfg.tensorboard, timeline=cfg.timeline,
-        timeline_steps=cfg.timeline_steps, timeline_window=cfg.timeline_window, gns=cfg.gns)
+        timeline_steps=cfg.timeline_steps, timeline_window=cfg.timeline_window, gns=cfg.gns,
+        gns_every=cfg.gns_every, adaptive_batch=tuple(cfg.batch_range or cfg.default_range())
+        if cfg.adaptive_batch else None)
 
 
 def _started(cfg: TrainConfig):

@@ -37,8 +37,10 @@ NEEDS = {
                          "--checkpoint-dir or --resume"),
     "overwrite": (lambda c: c.checkpoint_dir is not None, "--checkpoint-dir"),
     "emulate_unit": (lambda c: bool(c.emulate_speeds), "--emulate-speeds"),
-    "gns": (lambda c: c.mode == "weighted" and c.sparsify is None,
-            "--mode weighted (and without --sparsify)"),
+    **{name: (lambda c: c.mode == "weighted" and c.sparsify is None,
+              "--mode weighted (and without --sparsify)") for name in ("gns", "adaptive_batch")},
+    "batch_range": (lambda c: c.adaptive_batch, "--adaptive-batch"),
+    "gns_every": (lambda c: c.gns or c.adaptive_batch, "--gns or --adaptive-batch"),
     **{name: (lambda c: c.timeline is not None, "--timeline")
        for name in ("timeline_steps", "timeline_window")},
     **{name: (lambda c: not c.probe_file, "a probe (not --probe-file)")
@@ -56,7 +58,8 @@ RESUMED_AS_SAVED = ("data", "model", "loss", "mode", "weighting", "optimizer", "
                     "sparsify", "density", "exchange", "dense_below", "momentum_correction",
                     "momentum_unmasked", "density_warmup", "dense_above", "fresh",
                     "plan", "speeds", "min_batch", "max_batch", "drop_remainder", "probe_file",
-                    "probe_batch", "probe_sizes", "probe_steps", "probe_refine")
+                    "probe_batch", "probe_sizes", "probe_steps", "probe_refine",
+                    "adaptive_batch", "batch_range")
 
 
 def given(cfg: TrainConfig) -> list[str]:
@@ -99,17 +102,21 @@ def check_resume(cfg: TrainConfig, world_size: int, n_train: int) -> dict | None
         return None
     state, _ = checked_state(Path(cfg.resume))
     check_resumed(state, cfg.resume, job_identity(cfg), global_batch=cfg.global_batch,
-                  n_train=n_train, epochs=cfg.epochs)
+                  n_train=n_train, epochs=cfg.epochs,
+                  batch_range=(cfg.batch_range or cfg.default_range()) if cfg.adaptive_batch
+                  else None)
     return state
 
 
 def check_resumed(state: dict, directory, identity: dict, *, global_batch: int, n_train: int,
-                  epochs: int) -> None:
+                  epochs: int, batch_range: tuple[int, int] | None = None) -> None:
     """A checkpoint's state against the job resuming it (``hetgrad train`` and ``hk.fit``
-    alike): the same global batch, data size and ``identity`` settings (by the names the user
-    typed), and epochs left to train. Another world size is fine: the run re-plans and goes
-    on with the same global order of samples."""
+    alike): the same global batch (one in ``batch_range`` when it adapts), data size and
+    ``identity`` settings (by the names the user typed), and epochs left to train. Another
+    world size is fine: the run re-plans and goes on with the same global order of samples."""
     plan = state["plan"]
+    if batch_range and batch_range[0] <= plan["global_batch"] <= batch_range[1]:
+        global_batch = plan["global_batch"]     # the batch it had chosen
 
     def bad(text: str, field: str = "resume"):
         raise InputFileError(text, field=field)

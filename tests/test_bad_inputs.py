@@ -180,6 +180,14 @@ TRAIN = [
     (["--gns", "--mode", "equal"], "--gns: does nothing without --mode weighted"),
     (["--gns", "--sparsify", "topk"], "--gns: does nothing without --mode weighted (and without "
      "--sparsify)"),
+    (["--adaptive-batch", "--sparsify", "topk"], "--adaptive-batch: does nothing without "
+     "--mode weighted (and without --sparsify)"),
+    (["--batch-range", "32,512"], "--batch-range: does nothing without --adaptive-batch"),
+    (["--gns-every", "2"], "--gns-every: does nothing without --gns or --adaptive-batch"),
+    (["--gns", "--gns-every", "0"], "--gns-every: must be >= 1, got 0"),
+    (["--adaptive-batch", "-B", "96", "--batch-range", "128,512"],
+     "--batch-range: the global batch 96 is outside 128,512"),
+    (["--adaptive-batch", "--batch-range", "512"], "--batch-range: give the range as two"),
     (["--checkpoint-dir", "{d}/ckpt-ok"], "--checkpoint-dir: {d}/ckpt-ok holds checkpoints of an "
      "earlier run; continue it with --resume"),
     # data files

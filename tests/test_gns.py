@@ -114,8 +114,10 @@ def measured(world3, tmp_path_factory):
     d = tmp_path_factory.mktemp("gns")
     return {name: world3.run("training:train", speeds=speeds, epochs=3, quiet=True, gns=True,
                              probe_steps=1, seed=3, out=str(d / f"{name}.json"), **extra).root
-            for name, speeds, extra in (("equal", [1, 1, 1], {}),
-                                        ("uneven", [1, 2, 4], {"weighting": "samples"}))}
+            for name, speeds, extra in (("equal", [1, 1, 1], {"gns_every": 1}),
+                                        ("uneven", [1, 2, 4], {"weighting": "samples",
+                                                               "gns_every": 1}),
+                                        ("every4", [1, 2, 4], {}))}
 
 
 def test_equal_and_uneven_splits_record_the_same_noise_scale(measured):
@@ -131,3 +133,12 @@ def test_equal_and_uneven_splits_record_the_same_noise_scale(measured):
         assert b["b_noise"] == pytest.approx(a["b_noise"], rel=0.2)
     # the trajectories are the same (weighted = full batch), so this compares estimators only
     assert uneven["final_test_accuracy"] == pytest.approx(equal["final_test_accuracy"], abs=0.01)
+
+
+def test_by_default_every_fourth_step_is_measured(measured):
+    """Steps 0, 4, 8, ... of the run (counted on across epochs), each sent with the step
+    after it: the run's last step is never sent."""
+    run = measured["every4"]
+    total = 3 * run["plan"]["steps_per_epoch"]
+    assert sum(e["gns_steps"] for e in run["epochs"]) == (total - 2) // 4 + 1
+    assert all(e["gns_noise"] > 0 and e["b_noise_smoothed"] > 0 for e in run["epochs"])

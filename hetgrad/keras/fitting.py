@@ -14,6 +14,7 @@ from ..assembly import assemble
 from ..data.reader import as_source
 from ..emulate import from_env, parse_schedule
 from ..errors import HetgradError
+from ..goodput import check_range
 from ..loop import run_epochs
 from ..partition import Plan, make_plan
 from ..run import ProbeSpec, RunSpec
@@ -29,38 +30,35 @@ def fit(model, x, y=None, *, global_batch: int, epochs: int, validation_data=Non
         min_batch: int = 1, max_batch: int | Sequence[int] | None = None,
         drop_remainder: bool = False, checkpoint_dir: str | None = None, resume: bool = False, seed: int = 0,
         probe_steps: int = 8, callbacks: Sequence = (), verbose: int = 2, device: str = "",
-        sparsify=None, step_timeout: float | None = 600.0,
-        emulate_speeds: str | None = None, emulate_unit: float = 1e-3,
-        tensorboard: str | None = None, timeline: str | None = None, gns: bool = False):
+        sparsify=None, step_timeout: float | None = 600.0, emulate_speeds: str | None = None,
+        emulate_unit: float = 1e-3,
+        tensorboard: str | None = None, timeline: str | None = None, gns: bool = False,
+        gns_every: int = 4, adaptive_batch: tuple[int, int] | None = None):
     """Train the compiled ``model`` on ``(x, y)`` with local batches that sum to
     ``global_batch``; returns the Keras ``History``.
 
     ``x``/``y``: arrays or dicts of arrays (the same on every rank), a dataset directory from
     ``hetgrad data convert`` (or its :class:`~hetgrad.data.Source`), or a finite
-    ``tf.data.Dataset``. Every epoch visits every sample once in one global order that no
-    world size or plan changes (its last ``N mod B`` samples a smaller final step, or left
-    out with ``drop_remainder``). Probes this model on every rank (unless ``plan`` is given),
-    plans, wraps the compiled optimizer in :func:`DistributedOptimizer` with the plan's exact
-    weights and recompiles with the same loss and metrics, then trains ``epochs`` epochs with
-    rebalancing between epochs (``rebalance``), Keras ``callbacks`` (they see one ``fit``,
-    metrics averaged over ranks; those that write files run on rank 0 only; early stopping
-    stops every rank; a ``BackupAndRestore`` becomes hk.fit's checkpoints), ``validation_data``
-    scored on every rank, and checkpoints in ``checkpoint_dir`` after every epoch; with
-    ``resume`` it continues from the checkpoint there (refused if a setting changed; on
-    another number of ranks it re-plans). ``sparsify`` (a policy name or
-    :class:`hetgrad.sparse.Sparsify`): the top-k exchange. ``step_timeout``: end every rank
-    when one makes no progress that long. ``emulate_speeds``: emulated per-rank speeds (as
-    ``hetgrad train --emulate-speeds``; default ``HETGRAD_EMULATE_SPEEDS``). ``tensorboard``
-    (a directory), ``timeline`` (a file), ``gns``: as ``hetgrad train``'s flags. Progress: rank 0.
+    ``tf.data.Dataset``, visited in one global order that no world size or plan changes (the
+    last ``N mod B`` samples a smaller final step, or left out with ``drop_remainder``).
+    Probes the model on every rank (unless ``plan`` is given), plans, wraps its optimizer in
+    :func:`DistributedOptimizer` with the plan's weights, recompiles, and trains with
+    rebalancing (``rebalance``), Keras ``callbacks`` (they see one ``fit``, metrics averaged
+    over ranks; those that write files run on rank 0 only; early stopping stops every rank; a
+    ``BackupAndRestore`` becomes hk.fit's checkpoints), ``validation_data`` scored on every
+    rank, and checkpoints in ``checkpoint_dir`` every epoch; ``resume`` continues from there
+    (refused if a setting changed; on another number of ranks it re-plans). ``sparsify`` (a
+    policy name or :class:`hetgrad.sparse.Sparsify`): the top-k exchange. ``step_timeout``:
+    end every rank when one makes no progress that long. ``emulate_speeds`` (default
+    ``HETGRAD_EMULATE_SPEEDS``), ``tensorboard``, ``timeline``, ``gns``, ``gns_every``: as
+    ``hetgrad train``'s flags. ``adaptive_batch=(lo, hi)``: each epoch's global batch chosen
+    there by goodput, the learning rate (a number, for ``global_batch``) scaled with it.
     """
     comm = init()
-    if not compat.is_compiled(model):
-        raise HetgradError("compile the model (optimizer and loss) before hk.fit", field="model")
-    source = as_source(x, y)
+    source, adaptive_batch = _checked(comm, model, x, y, global_batch, min_batch, max_batch,
+                                      adaptive_batch)
     callbacks, checkpoint_dir, resume, drop_backup = from_backup(callbacks, checkpoint_dir,
                                                                  resume)
-    make_plan([1.0] * comm.size, global_batch, len(source), min_batch=min_batch,
-              max_batch=max_batch)     # the plan's arguments checked before any work
     tensorboard, timeline = _observers(comm, tensorboard, timeline)
     sparsify = Sparsify(sparsify) if isinstance(sparsify, str) else sparsify
     history = keras.callbacks.History()
@@ -71,10 +69,12 @@ def fit(model, x, y=None, *, global_batch: int, epochs: int, validation_data=Non
         rebalance_threshold=rebalance_threshold if rebalance else None,
         checkpoint_dir=checkpoint_dir, resume=resume,
         identity={"seed": seed, "sparsify": asdict(sparsify) if sparsify else None,
-                  "drop_remainder": drop_remainder},
+                  "drop_remainder": drop_remainder,
+                  "adaptive_batch": list(adaptive_batch) if adaptive_batch else None},
         emulation=_emulation(emulate_speeds, emulate_unit, comm.size),
         validation=validation_data, verbose=verbose, step_timeout=step_timeout, device=device,
-        tensorboard=tensorboard, timeline=timeline, gns=gns,
+        tensorboard=tensorboard, timeline=timeline, gns=gns, gns_every=gns_every,
+        adaptive_batch=adaptive_batch,
         callbacks=[history, *callbacks, *progress_callbacks(verbose, comm.rank)]))
     if comm.rank == 0 and verbose:
         print(f"hetgrad: plan batches {run.plan.batches} (B={run.plan.global_batch}), "
@@ -84,6 +84,19 @@ def fit(model, x, y=None, *, global_batch: int, epochs: int, validation_data=Non
         shutil.rmtree(checkpoint_dir, ignore_errors=True)
     model.history = history
     return history
+
+
+def _checked(comm, model, x, y, global_batch: int, min_batch: int, max_batch,
+             adaptive_batch) -> tuple:
+    """The data as a source and the batch range, with the model and the plan's arguments
+    checked before any work."""
+    if not compat.is_compiled(model):
+        raise HetgradError("compile the model (optimizer and loss) before hk.fit", field="model")
+    source = as_source(x, y)
+    make_plan([1.0] * comm.size, global_batch, len(source), min_batch=min_batch,
+              max_batch=max_batch)
+    return source, (check_range(adaptive_batch, global_batch, "adaptive_batch")
+                    if adaptive_batch is not None else None)
 
 
 def _observers(comm, tensorboard: str | None, timeline: str | None) -> tuple:

@@ -56,7 +56,7 @@ class Sparsify:
 
     def _problems(self) -> list[tuple[str, str | bool]]:
         """(field, what is wrong or False) for every rule, by this class's own field names
-        (``hetgrad train`` shows them as its flags: :data:`hetgrad.config.SPARSIFY_SETTING`)."""
+        (``hetgrad train`` shows them as its flags: :data:`SPARSIFY_SETTING`)."""
         clip = self.clip_norm
         return [
             ("policy", self.policy not in POLICIES and
@@ -102,3 +102,24 @@ class Sparsify:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def of_settings(cls, cfg, log_steps: int = 4096) -> "Sparsify":
+        """The sparsification of ``hetgrad train``'s settings ``cfg``
+        (:class:`hetgrad.config.TrainConfig`), its errors named by those settings."""
+        try:
+            return cls(policy=cfg.sparsify, density=cfg.density, exchange=cfg.exchange,
+                       dense_below=cfg.dense_below,
+                       momentum=0.9 if cfg.momentum_correction else 0.0,
+                       mask_momentum=not cfg.momentum_unmasked, clip_norm=cfg.local_clip,
+                       warmup_epochs=cfg.density_warmup, dense_above=cfg.dense_above,
+                       fresh=cfg.fresh, log_steps=log_steps)
+        except ConfigError as exc:
+            raise ConfigError(exc.message, field=SPARSIFY_SETTING.get(exc.field, exc.field)) \
+                from None
+
+
+# Sparsify's fields that ``hetgrad train``'s settings name otherwise
+SPARSIFY_SETTING = {"policy": "sparsify", "momentum": "momentum_correction",
+                    "mask_momentum": "momentum_unmasked", "clip_norm": "local_clip",
+                    "warmup_epochs": "density_warmup"}

@@ -114,16 +114,17 @@ def run() -> dict:
                xp[plo:plo + PART[rank]], yp[plo:plo + PART[rank]])
     results["partial_planobj"] = float(np.max(np.abs(got - ref)))
 
-    # A plan switch between steps (what --rebalance does): step 1 under plan A, then set_plan(B)
-    # and step 2 on B's batches must equal one process stepping from the same weights on the
-    # concatenated batch -- through the already traced train function.
+    # A plan switch between steps (what --rebalance and --adaptive-batch do): step 1 under plan
+    # A (another global batch), then set_plan(B) and step 2 on B's batches must equal one
+    # process stepping from the same weights on the concatenated batch -- through the already
+    # traced train function.
     def plan_of(batches, steps=10):
         return Plan(speeds=[1.0] * size, global_batch=sum(batches),
                     dataset_size=steps * sum(batches), batches=list(batches),
                     shard_starts=[steps * sum(batches[:r]) for r in range(size)],
                     shard_sizes=[steps * b for b in batches], steps_per_epoch=steps)
 
-    A = [11, 11, 10][:size]
+    A = [4, 6, 8][:size]
     a_lo = sum(A[:rank])
     model = dense_model()
     opt = hk.DistributedOptimizer(sgd(), weight="plan", plan=plan_of(A))

@@ -1,0 +1,93 @@
+"""The goodput-driven global batch as an action of the run (:mod:`hetgrad.actions`): after
+each measured epoch, from the noise scale (:class:`hetgrad.observe.Noise`) and the ranks'
+step models (:class:`hetgrad.rebalance.Rebalancer`), :class:`~hetgrad.goodput.BatchChooser`
+picks the next epoch's global batch; a new one is re-planned over the ranks at once, and the
+learning rate the user set (for the starting batch) is multiplied by
+:func:`~hetgrad.goodput.lr_factor` during the epochs (:class:`_ScaledRate`)."""
+from __future__ import annotations
+
+from . import compat
+from .actions import Action
+from .compat import keras
+from .errors import ConfigError
+from .goodput import BatchChooser, lr_factor
+from .partition import Plan, make_plan
+from ._keras.optimizer import set_plan
+
+
+class _ScaledRate(keras.callbacks.Callback):
+    """The learning rate times the factor from the first step of each epoch to its end
+    (after the user's callbacks set theirs at the epoch's begin; back before theirs read it
+    at its end, so a LearningRateScheduler or ReduceLROnPlateau keeps working at ``B_0``)."""
+
+    def __init__(self, owner: "AdaptiveBatch", optimizer):
+        super().__init__()
+        self.owner, self.optimizer, self.base = owner, optimizer, None
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self.base is None:
+            self.base = compat.learning_rate(self.optimizer)
+            compat.set_learning_rate(self.optimizer, self.base * self.owner.factor)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.base is not None:
+            compat.set_learning_rate(self.optimizer, self.base)
+            self.owner.last_lr, self.base = self.base * self.owner.factor, None
+
+
+class AdaptiveBatch(Action):
+    """Choose each epoch's global batch by goodput (needs the noise scale measured); the
+    factor on the learning rate is kept in the checkpoint's state (``adaptive``)."""
+
+    def __init__(self, chooser: BatchChooser, rebalancer, sgd: bool, verbose: bool,
+                 saved: dict | None = None):
+        self.chooser, self.rebalancer, self.verbose = chooser, rebalancer, verbose
+        self.rule = "sgd" if sgd else "adaptive"
+        self.factor = float((saved or {}).get("lr_factor", 1.0))
+        self.last_lr = None
+
+    def callbacks(self, job):
+        return [_ScaledRate(self, job.optimizer)]
+
+    def on_epoch_end(self, job, epoch, row):
+        plan = job.plan
+        row.update(global_batch=plan.global_batch, lr_factor=self.factor, lr=self.last_lr)
+        b_noise = row.get("b_noise_smoothed")
+        balance = self.rebalancer.history[-1] if self.rebalancer.history else None
+        if (b_noise is None or b_noise <= 0 or balance is None or balance.warmup
+                or balance.epoch != epoch + 1):
+            return   # no estimate yet, or no step model measured in seconds (a partial epoch)
+        exchange_s = min(balance.wait_s) / plan.steps_per_epoch
+        models = [m.model() for m in self.rebalancer.online]
+        choice = self.chooser.choose(plan.global_batch, b_noise,
+                                     lambda b: _step_s(models, b, plan, self.rebalancer,
+                                                       exchange_s))
+        row.update(efficiency=choice.efficiency, goodput_predicted=choice.goodput,
+                   batch_changed=choice.changed)
+        self.factor = lr_factor(choice.batch, b_noise, self.chooser.b0, self.rule)
+        job.checkpointer.state["adaptive"] = {"lr_factor": self.factor}
+        if choice.changed:
+            new = _replanned(models, choice.batch, plan, self.rebalancer)
+            if job.rank == 0 and self.verbose:
+                print(f"hetgrad: global batch {plan.global_batch} -> {choice.batch} after "
+                      f"epoch {epoch + 1}: B_noise {b_noise:.0f}, predicted goodput "
+                      f"{100 * (choice.goodput / choice.current_goodput - 1):+.0f}%, "
+                      f"learning rate x{self.factor:.3g}, batches {new.batches}", flush=True)
+            job.progress.plan = new
+            set_plan(job.optimizer, new)
+
+
+def _replanned(models, batch: int, plan: Plan, rebalancer) -> Plan:
+    return make_plan(models, batch, plan.dataset_size, min_batch=rebalancer.min_batch,
+                     max_batch=rebalancer.max_batch, drop_remainder=plan.dropped > 0)
+
+
+def _step_s(models, batch: int, plan: Plan, rebalancer, exchange_s: float) -> float | None:
+    """Predicted seconds per step at global batch ``batch``: the slowest rank's of its
+    equal-time plan, plus the exchange; None where no plan fits (caps, data size)."""
+    try:
+        candidate = _replanned(models, batch, plan, rebalancer)
+    except ConfigError:
+        return None
+    return max(m.time(b) for m, b in zip(models, candidate.batches)) + exchange_s
+

@@ -1,0 +1,103 @@
+"""Goodput: the global batch that makes the most progress per second (Pollux, OSDI'21).
+
+A step of global batch ``B`` takes ``t(B) = max_i t_i(b_i) + exchange`` (the plan's equal-time
+split of ``B`` over the ranks' step models) and carries ``B`` samples; with the gradient noise
+scale ``B_noise`` (:mod:`hetgrad.gns`) each sample is worth
+
+    E(B) = (B_noise + B_0) / (B_noise + B)
+
+of one at the starting batch ``B_0`` (McCandlish et al.: steps needed fall as
+``1 + B_noise / B``), so the progress per second is ``goodput(B) = B / t(B) * E(B)``. Between
+epochs :class:`BatchChooser` picks the candidate ``B`` in the user's range with the largest
+goodput, moving only when it beats the current one by the hysteresis; the learning rate
+follows by AdaScale's gain ``r = (B / B_0) E(B)`` -- the progress of one step at ``B`` in
+steps at ``B_0`` -- linearly for SGD, by its square root for Adam (:func:`lr_factor`).
+No TensorFlow here.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from .errors import ConfigError
+
+
+def efficiency(batch: float, b_noise: float, b0: float) -> float:
+    """Progress of a sample at global batch ``batch`` relative to one at ``b0`` (<= 1 above
+    ``b0``)."""
+    return (b_noise + b0) / (b_noise + batch)
+
+
+def gain(batch: float, b_noise: float, b0: float) -> float:
+    """AdaScale's gain: one step at ``batch`` is worth this many steps at ``b0``."""
+    return batch / b0 * efficiency(batch, b_noise, b0)
+
+
+def lr_factor(batch: float, b_noise: float, b0: float, optimizer: str) -> float:
+    """What the learning rate set for ``b0`` is multiplied by at ``batch``: the gain for
+    SGD, its square root for Adam (whose step is normalised by the gradient's own scale)."""
+    r = gain(batch, b_noise, b0)
+    return r if optimizer == "sgd" else math.sqrt(r)
+
+
+def candidates(lo: int, hi: int, current: int, per_octave: int = 4) -> list[int]:
+    """Global batches to weigh: ``lo``, ``hi``, a geometric grid between them (``per_octave``
+    points per doubling) and ``current``."""
+    steps = max(1, round(per_octave * math.log2(hi / lo))) if hi > lo else 0
+    grid = {round(lo * (hi / lo) ** (k / steps)) for k in range(steps + 1)} if steps else {lo}
+    return sorted(grid | {hi, current})
+
+
+def check_range(batch_range, global_batch: int, field: str = "batch_range") -> tuple[int, int]:
+    """``(lo, hi)`` of a range holding the starting batch, or a one-line error."""
+    try:
+        lo, hi = (int(v) for v in batch_range)
+    except (TypeError, ValueError):
+        raise ConfigError(f"give the range as two batch sizes LO,HI, got {batch_range!r}",
+                          field=field) from None
+    if not 1 <= lo <= hi:
+        raise ConfigError(f"needs 1 <= LO <= HI, got {lo},{hi}", field=field)
+    if not lo <= global_batch <= hi:
+        raise ConfigError(f"the global batch {global_batch} is outside {lo},{hi}", field=field)
+    return lo, hi
+
+
+@dataclass
+class BatchChoice:
+    """One epoch boundary's decision (into the record's row)."""
+
+    batch: int                  # the global batch of the next epoch
+    b_noise: float
+    efficiency: float           # E(batch)
+    step_s: float               # predicted seconds per step at ``batch``
+    goodput: float              # predicted, in B_0-samples per second
+    current_goodput: float      # the batch in effect's
+    changed: bool
+
+
+class BatchChooser:
+    """The global batch in ``[lo, hi]`` with the largest predicted goodput; a move needs a
+    gain above ``hysteresis`` (noisy estimates must not make the batch wander)."""
+
+    def __init__(self, lo: int, hi: int, b0: int, hysteresis: float = 0.05):
+        self.lo, self.hi, self.b0, self.hysteresis = lo, hi, b0, hysteresis
+
+    def choose(self, current: int, b_noise: float,
+               step_s: Callable[[int], float | None]) -> BatchChoice:
+        """``step_s(B)``: predicted seconds per step at global batch ``B`` (None: not a
+        batch this world can run, e.g. above the ranks' caps)."""
+        def scored(b: int):
+            t = step_s(b)
+            return None if t is None or t <= 0 else b / t * efficiency(b, b_noise, self.b0)
+
+        scores = {b: g for b in candidates(self.lo, self.hi, current)
+                  if (g := scored(b)) is not None}
+        now = scores.get(current) or scored(current) or 0.0
+        best = max(scores, key=scores.get, default=current)
+        moved = best != current and scores[best] > now * (1 + self.hysteresis)
+        batch = best if moved else current
+        return BatchChoice(batch=batch, b_noise=b_noise,
+                           efficiency=efficiency(batch, b_noise, self.b0),
+                           step_s=step_s(batch) or 0.0, goodput=scores.get(batch, now),
+                           current_goodput=now, changed=moved)

@@ -1,0 +1,49 @@
+"""The goodput-driven global batch through hk.fit: the learning rate a user's callbacks see
+inside and at the end of each epoch, and the steps each epoch ran (the case
+``adaptive:fit`` of a test world, tests/world.py)."""
+import numpy as np
+
+import hetgrad
+import hetgrad.keras as hk
+from hetgrad import compat
+from hetgrad.compat import keras
+
+N, B0, LR = 3000, 16, 0.02
+
+
+class SeenRates(keras.callbacks.Callback):
+    """Per epoch: the learning rate in its steps (a set), at its end, and its step count."""
+
+    def __init__(self):
+        super().__init__()
+        self.inside, self.at_end, self.steps = [], [], []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.inside.append(set())
+        self.steps.append(0)
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.inside[-1].add(round(compat.learning_rate(self.model.optimizer), 9))
+        self.steps[-1] += 1
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.at_end.append(compat.learning_rate(self.model.optimizer))
+
+
+def fit(epochs: int = 4) -> dict:
+    """hk.fit of a small softmax classifier on noisy labels, global batch from 16 in
+    (16, 512): its tiny steps are all fixed cost, so a larger batch pays once the noise scale
+    is measured (the first epoch only measures)."""
+    hetgrad.init()
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(N, 20)).astype(np.float32)
+    y = (np.argmax(x[:, :4] + 2.0 * rng.normal(size=(N, 4)), axis=1)).astype(np.int64)
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((20,)), keras.layers.Dense(4)])
+    model.compile(optimizer=keras.optimizers.SGD(LR), metrics=["accuracy"],
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    seen = SeenRates()
+    hk.fit(model, x, y, global_batch=B0, epochs=epochs, adaptive_batch=(B0, 512),
+           callbacks=[seen], verbose=0)
+    return {"inside": [sorted(s) for s in seen.inside], "at_end": seen.at_end,
+            "steps": seen.steps}

@@ -1,0 +1,137 @@
+"""The goodput-driven global batch (hetgrad.goodput): efficiency, AdaScale's gain, the
+chooser's decisions and hysteresis; no TensorFlow."""
+import json
+import math
+
+import pytest
+
+from hetgrad.errors import ConfigError
+from hetgrad.goodput import (BatchChooser, candidates, check_range, efficiency, gain,
+                             lr_factor)
+
+
+def test_efficiency_and_gain_follow_the_noise_scale():
+    assert efficiency(64, 500.0, 64) == 1.0
+    assert efficiency(564, 500.0, 64) == pytest.approx(564 / 1064)
+    # a batch far below B_noise is almost free (linear scaling), far above it worthless
+    assert gain(128, 1e9, 64) == pytest.approx(2.0)
+    assert gain(6400, 1.0, 64) == pytest.approx(65 / 64, rel=1e-3)
+    assert lr_factor(256, 256.0, 64, "sgd") == pytest.approx(256 / 64 * 320 / 512)
+    assert lr_factor(256, 256.0, 64, "adaptive") == pytest.approx(math.sqrt(2.5))
+
+
+def test_candidates_span_the_range_geometrically_and_hold_the_current_batch():
+    c = candidates(64, 1024, 100)
+    assert c[0] == 64 and c[-1] == 1024 and 100 in c and 128 in c and 512 in c
+    assert len(c) == 18          # 4 per doubling over 4 doublings, and 100
+    assert candidates(96, 96, 96) == [96]
+
+
+def affine(fixed_s: float, per_sample_s: float):
+    return lambda b: fixed_s + per_sample_s * b
+
+
+def test_a_fixed_cost_per_step_and_a_large_noise_scale_grow_the_batch():
+    chooser = BatchChooser(64, 2048, 64)
+    step = affine(0.010, 1e-5)       # 10 ms a step, 0.01 ms a sample: B=64 wastes the step
+    choice = chooser.choose(64, 4000.0, step)
+    assert choice.changed and choice.batch > 512
+    best = max(candidates(64, 2048, 64), key=lambda b: b / step(b) * efficiency(b, 4000, 64))
+    assert choice.batch == best
+    assert choice.goodput == pytest.approx(best / step(best) * efficiency(best, 4000, 64))
+
+
+def test_a_small_noise_scale_or_no_fixed_cost_keeps_the_batch_small():
+    chooser = BatchChooser(32, 2048, 256)
+    assert chooser.choose(256, 10.0, affine(0.010, 1e-5)).batch < 256   # noise-free: shrink
+    # time in proportion to the batch: a larger batch only loses efficiency
+    assert chooser.choose(256, 4000.0, affine(0.0, 1e-4)).batch == 32
+
+
+def test_hysteresis_keeps_a_batch_whose_goodput_is_within_it():
+    step = affine(0.010, 1e-5)
+    best = BatchChooser(64, 2048, 64).choose(64, 4000.0, step).batch
+    near = [b for b in candidates(64, 2048, 64)
+            if b != best and b / step(b) * efficiency(b, 4000, 64)
+            > 0.97 * best / step(best) * efficiency(best, 4000, 64)]
+    assert near   # a neighbour within 3 % of the best goodput: no move from it
+    assert not BatchChooser(64, 2048, 64, hysteresis=0.05).choose(near[0], 4000.0, step).changed
+    assert BatchChooser(64, 2048, 64, hysteresis=0.0).choose(near[0], 4000.0, step).changed
+
+
+def test_batches_the_world_cannot_run_are_never_chosen():
+    step = lambda b: None if b > 300 else 0.010 + 1e-5 * b   # noqa: E731  e.g. over the caps
+    choice = BatchChooser(64, 2048, 64).choose(64, 4000.0, step)
+    assert choice.changed and 256 <= choice.batch <= 300
+
+
+@pytest.mark.parametrize("given, problem", [
+    ((64,), "two batch sizes"), (("a", 2), "two batch sizes"), ((512, 64), "LO <= HI"),
+    ((128, 512), "outside 128,512")])
+def test_a_bad_range_is_named(given, problem):
+    with pytest.raises(ConfigError, match=problem) as err:
+        check_range(given, 96)
+    assert err.value.field == "batch_range"
+
+
+def test_hk_fit_scales_the_learning_rate_inside_epochs_only(world3):
+    """The rate a user's callback reads in the steps is the optimizer's times the batch's
+    factor, the same through an epoch; at an epoch's end (where ReduceLROnPlateau reads and
+    sets it) it is the user's own again. A batch grown after the first measured epoch runs
+    fewer steps at a larger rate."""
+    from mpi.adaptive import B0, LR, N
+    res = world3.run("adaptive:fit").root
+    assert res["at_end"] == pytest.approx([LR] * 4)
+    assert all(len(rates) == 1 for rates in res["inside"]), res["inside"]
+    rates = [r[0] for r in res["inside"]]
+    assert rates[0] == pytest.approx(LR) and rates[1] == pytest.approx(LR)
+    assert res["steps"][:2] == [math.ceil(N / B0)] * 2
+    grown = [k for k in range(2, 4) if res["steps"][k] < res["steps"][1]]
+    assert grown, res                       # the batch grew after epoch 2
+    assert all(rates[k] > LR for k in grown), res
+
+
+@pytest.fixture(scope="module")
+def adapted(world3, tmp_path_factory):
+    """``hetgrad train --adaptive-batch`` from B = 24 in 24..384 on 3 ranks for 4 epochs with
+    checkpoints, then resumed for a 5th."""
+    d = tmp_path_factory.mktemp("adaptive")
+    common = dict(data="digits", global_batch=24, adaptive_batch=True, batch_range=[24, 384],
+                  lr=0.05, quiet=True, probe_steps=2, checkpoint_dir=str(d / "ck"))
+    first = world3.run("training:train", epochs=4, out=str(d / "a.json"), **common).root
+    state = json.loads((d / "ck" / "state.json").read_text())
+    resumed = world3.run("training:train", epochs=5, resume=str(d / "ck"),
+                         out=str(d / "b.json"), **common).root
+    return first, state, resumed
+
+
+def test_the_batch_follows_goodput_and_the_rate_follows_the_batch(adapted):
+    first, _, _ = adapted
+    rows, balance = first["epochs"], first["balance"]
+    assert [r["global_batch"] for r in rows[:2]] == [24, 24]   # epoch 1 measures only
+    assert "batch_changed" not in rows[0] and rows[1]["b_noise_smoothed"] > 0
+    assert any(r.get("batch_changed") for r in rows), rows
+    for before, after, split in zip(rows, rows[1:], balance[1:]):
+        b = after["global_batch"]
+        assert sum(split["batches"]) == b        # the plan of the epoch holds the new batch
+        assert (b != before["global_batch"]) == before.get("batch_changed", False)
+        # SGD: the rate is the user's times AdaScale's gain at the batch chosen
+        want = gain(b, before["b_noise_smoothed"], 24) if "batch_changed" in before else 1.0
+        assert after["lr_factor"] == pytest.approx(want, rel=1e-6)
+        assert after["lr"] == pytest.approx(0.05 * want, rel=1e-5)
+        assert 0 < after["efficiency"] <= 1 and after["goodput_predicted"] > 0
+
+
+def test_a_resumed_run_goes_on_with_the_chosen_batch_and_rate(adapted):
+    first, state, resumed = adapted
+    last = first["epochs"][-1]
+    chosen = last["global_batch"]
+    if last["batch_changed"]:
+        chosen = state["plan"]["global_batch"]
+        assert chosen != last["global_batch"]
+    assert state["plan"]["global_batch"] == chosen
+    factor = gain(chosen, last["b_noise_smoothed"], 24)
+    assert state["adaptive"]["lr_factor"] == pytest.approx(factor, rel=1e-6)
+    row = resumed["epochs"][-1]
+    assert row["epoch"] == 5 and row["global_batch"] == chosen
+    assert row["lr_factor"] == pytest.approx(factor, rel=1e-6)
