@@ -62,15 +62,18 @@ class AdaptiveBatch(Action):
         choice = self.chooser.choose(plan.global_batch, b_noise,
                                      lambda b: _step_s(models, b, plan, self.rebalancer,
                                                        exchange_s))
-        row.update(efficiency=choice.efficiency, goodput_predicted=choice.goodput,
-                   batch_changed=choice.changed)
-        self.factor = lr_factor(choice.batch, b_noise, self.chooser.b0, self.rule)
+        # every rank computed it from the same gathered numbers; rank 0's is taken all the
+        # same, so that a last-bit difference in a near tie can never split the world's plans
+        choice = job.comm.bcast(choice if job.rank == 0 else None, root=0)
+        row.update(batch_next=choice.batch, efficiency=choice.efficiency,
+                   goodput_predicted=choice.goodput, batch_changed=choice.changed)
+        self.factor = lr_factor(choice.batch, choice.b_noise, self.chooser.b0, self.rule)
         job.checkpointer.state["adaptive"] = {"lr_factor": self.factor}
         if choice.changed:
             new = _replanned(models, choice.batch, plan, self.rebalancer)
             if job.rank == 0 and self.verbose:
                 print(f"hetgrad: global batch {plan.global_batch} -> {choice.batch} after "
-                      f"epoch {epoch + 1}: B_noise {b_noise:.0f}, predicted goodput "
+                      f"epoch {epoch + 1}: B_noise {choice.b_noise:.0f}, predicted goodput "
                       f"{100 * (choice.goodput / choice.current_goodput - 1):+.0f}%, "
                       f"learning rate x{self.factor:.3g}, batches {new.batches}", flush=True)
             job.progress.plan = new

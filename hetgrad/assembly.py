@@ -130,8 +130,10 @@ def _probe(spec: RunSpec, comm, state: dict | None) -> list[ProbeResult]:
         return []
     cap = spec.max_batch[comm.rank] if isinstance(spec.max_batch, (list, tuple)) \
         else spec.max_batch
-    widest = spec.adaptive_batch[1] if spec.adaptive_batch else spec.global_batch
-    top = min(p.top or widest, cap or widest)   # the models must hold the batches it may run
+    widest = spec.global_batch   # the models must hold the batches a rank may get: with an
+    if spec.adaptive_batch:      # adaptive batch, up to twice an equal share of its top
+        widest = max(widest, min(spec.adaptive_batch[1], 2 * spec.adaptive_batch[1] // comm.size))
+    top = min(p.top or widest, cap or widest)
     emulation = Emulation.of(*spec.emulation, comm.rank) if spec.emulation else None
     results = probe_model(spec.model, spec.data, global_batch=spec.global_batch,
                           batches=probe_batches(top, spec.global_batch, comm.size, p.sizes),

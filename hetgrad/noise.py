@@ -8,7 +8,8 @@ cycle of Horovod's (sent in the same step, after the last gradient, it cost a cy
 docs/results.md); then every rank adds that step's ``S`` and ``|G|^2`` to the epoch's sums
 (the same numbers on every rank). A rank with no sample sends zeros. The last step of a run
 is not counted. With ``every > 1`` only every ``every``-th step is measured (its cost is a
-read of every gradient: docs/results.md). Measured on the dense exchange of
+read of every gradient: docs/results.md); with a sparse exchange only its dense warm-up steps
+(``when``), where the exchanged sum is the mean gradient itself. Measured on the dense exchange of
 one backward pass per step without a loss scale; :func:`check_measurable` refuses the rest.
 """
 from __future__ import annotations
@@ -33,19 +34,19 @@ def squared_norm(grads: list) -> tf.Tensor:
 class GradientNoise:
     """The per-step estimates of ``S`` and ``|G|^2`` summed over an epoch, in variables."""
 
-    def __init__(self, every: int = 1, name: str = "hetgrad"):
+    def __init__(self, every: int = 1, name: str = "hetgrad", when=None):
         var = lambda name: tf.Variable(0.0, dtype=tf.float64, trainable=False,  # noqa: E731
                                        name=f"hetgrad_gns_{name}")
         self.s, self.g2, self.steps = var("s"), var("g2"), var("steps")
         self.pending = tf.Variable(tf.zeros(4), trainable=False, name="hetgrad_gns_pending")
-        self.every, self.name = every, name
+        self.every, self.name, self.when = every, name, when   # when(): a step to measure?
         self.count = tf.Variable(0, dtype=tf.int64, trainable=False, name="hetgrad_gns_count")
         self.kept = tf.Variable(False, trainable=False, name="hetgrad_gns_kept")
 
     def step(self) -> None:
         """Before this step's exchange: send the last step's numbers, if it was measured, and
         add its estimates (nothing here waits for this step's gradients)."""
-        if self.every == 1:
+        if self.every == 1 and self.when is None:
             self._send()
         else:   # every rank counts the same steps: all take the same branch
             tf.cond(self.kept, self._send, lambda: tf.constant(False))
@@ -65,10 +66,12 @@ class GradientNoise:
                                            tf.reshape(squared_norm(mean), [1])], 0))
             return tf.constant(True)
 
-        if self.every == 1:
+        if self.every == 1 and self.when is None:
             measure()
             return
         due = tf.equal(self.count % self.every, 0)
+        if self.when is not None:
+            due = tf.logical_and(due, self.when())
         self.kept.assign(tf.cond(due, measure, lambda: tf.constant(False)))
         self.count.assign_add(1)
 
@@ -107,9 +110,11 @@ def check_measurable(optimizer, field: str = "gns", every: int = 1) -> None:
     from .sparse.reducer import SparseReducer
     from .weights import FixedWeight
     agg = optimizer.hetgrad
-    refused = [(isinstance(agg.reducer, SparseReducer),
-                "with sparsification (its exchange carries no extra sums)"),
-               (not agg.reducer.carries_count, "with a compressed exchange"),
+    sparse = isinstance(agg.reducer, SparseReducer)
+    refused = [(sparse and not agg.reducer.settings.dense_warmup(),
+                "with sparsification but in a dense warm-up (--density-warmup, without "
+                "momentum correction or local clipping)"),
+               (not sparse and not agg.reducer.carries_count, "with a compressed exchange"),
                (compat.is_loss_scale_optimizer(optimizer), "with a loss scale (mixed precision)"),
                (getattr(optimizer, "_hetgrad_passes", 1) > 1,
                 "with backward_passes_per_step > 1"),
@@ -118,4 +123,5 @@ def check_measurable(optimizer, field: str = "gns", every: int = 1) -> None:
     why = next((why for refuse, why in refused if refuse), None)
     if why:
         raise HetgradError(f"the gradient noise scale is not measured {why} yet", field=field)
-    agg.noise = GradientNoise(every)
+    when = (lambda: agg.reducer.send_all.read_value()) if sparse else None
+    agg.noise = GradientNoise(every, when=when)

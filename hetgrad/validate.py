@@ -37,8 +37,9 @@ NEEDS = {
                          "--checkpoint-dir or --resume"),
     "overwrite": (lambda c: c.checkpoint_dir is not None, "--checkpoint-dir"),
     "emulate_unit": (lambda c: bool(c.emulate_speeds), "--emulate-speeds"),
-    **{name: (lambda c: c.mode == "weighted" and c.sparsify is None,
-              "--mode weighted (and without --sparsify)") for name in ("gns", "adaptive_batch")},
+    "gns": (lambda c: c.mode == "weighted", "--mode weighted"),
+    "adaptive_batch": (lambda c: c.mode == "weighted" and c.sparsify is None,
+                       "--mode weighted (and without --sparsify)"),
     "batch_range": (lambda c: c.adaptive_batch, "--adaptive-batch"),
     "gns_every": (lambda c: c.gns or c.adaptive_batch, "--gns or --adaptive-batch"),
     **{name: (lambda c: c.timeline is not None, "--timeline")
@@ -76,6 +77,10 @@ def check_flags(cfg: TrainConfig, world_size: int) -> None:
     for name in given(cfg):
         if name in NEEDS and not NEEDS[name][0](cfg):
             raise ConfigError(f"does nothing without {NEEDS[name][1]}", field=name)
+    if cfg.gns and cfg.sparsify and not cfg.sparse_settings().dense_warmup():
+        raise ConfigError("with --sparsify the noise scale is measured in the dense warm-up "
+                          "steps only: give --density-warmup (without --momentum-correction "
+                          "or --local-clip)", field="gns")
 
 
 def check_checkpoint_dir(cfg: TrainConfig) -> None:

@@ -53,14 +53,14 @@ def build(kind: str, args, plan, hvd, hk, tf):
         from hetgrad.aggregate import DenseReducer
         reducer = DenseReducer(grouped=how == ["grouped"])
         opt = hk.DistributedOptimizer(base, weight=WEIGHTS[weight] or 1.0 / hvd.size(),
-                                      plan=plan, check_finite=mode in ("checked", "finite",
-                                                                       "gns"),
-                                      reducer=reducer)
+                                      plan=plan, reducer=reducer,
+                                      check_finite=mode in ("checked", "finite")
+                                      or mode.startswith("gns"))
         if mode in ("bare", "finite"):
             hk.aggregation_of(opt).timer = None
-        if mode == "gns":    # checked + the gradient noise scale measured every step
+        if mode.startswith("gns"):   # checked + the noise scale of every (gns) or k-th (gnsK) step
             from hetgrad.noise import check_measurable
-            check_measurable(opt)
+            check_measurable(opt, every=int(mode[3:] or 1))
     model.compile(optimizer=opt, loss=tf.keras.losses.SparseCategoricalCrossentropy(True),
                   steps_per_execution=args.steps_per_execution)
     if kind.startswith("samples"):
@@ -137,7 +137,7 @@ def main() -> None:
     ap.add_argument("--arms", default=",".join(arms()),
                     help="comma-separated: horovod, WEIGHT-MODE[-grouped]; MODE: checked "
                          "(finite check + timers), bare (neither), finite, timed (one), gns "
-                         "(checked + the noise scale)")
+                         "(checked + the noise scale of every step), gnsK (of every K-th)")
     ap.add_argument("--out")
     args = ap.parse_args()
     if args.table:

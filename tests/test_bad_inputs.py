@@ -178,8 +178,10 @@ TRAIN = [
     (["--timeline", "{d}/adir.json"], "--timeline: {d}/adir.json is a directory"),
     (["--timeline-window", "3"], "--timeline-window: does nothing without --timeline"),
     (["--gns", "--mode", "equal"], "--gns: does nothing without --mode weighted"),
-    (["--gns", "--sparsify", "topk"], "--gns: does nothing without --mode weighted (and without "
-     "--sparsify)"),
+    (["--gns", "--sparsify", "topk"], "--gns: with --sparsify the noise scale is measured in "
+     "the dense warm-up steps only: give --density-warmup"),
+    (["--gns", "--sparsify", "topk", "--density-warmup", "2", "--momentum-correction"],
+     "--gns: with --sparsify the noise scale is measured in the dense warm-up steps only"),
     (["--adaptive-batch", "--sparsify", "topk"], "--adaptive-batch: does nothing without "
      "--mode weighted (and without --sparsify)"),
     (["--batch-range", "32,512"], "--batch-range: does nothing without --adaptive-batch"),

@@ -87,3 +87,12 @@ def test_fit_errors_name_the_argument(tmp_path):
         hk.fit(compiled(), x, y, global_batch=32, epochs=1)
     with pytest.raises(HetgradError, match="resume: resume needs the checkpoint_dir"):
         hk.fit(compiled(), x, y, global_batch=4, epochs=1, resume=True)
+    with pytest.raises(HetgradError, match="adaptive_batch: the global batch 4 is outside 8,16"):
+        hk.fit(compiled(), x, y, global_batch=4, epochs=1, adaptive_batch=(8, 16))
+    from hetgrad.compat import keras
+    scheduled = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    scheduled.compile(optimizer=keras.optimizers.SGD(
+        keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.9)), loss="mse")
+    with pytest.raises(HetgradError, match="adaptive_batch: the adaptive batch scales the "
+                                           "learning rate: give the optimizer a number"):
+        hk.fit(scheduled, x, y, global_batch=4, epochs=1, adaptive_batch=(4, 16))

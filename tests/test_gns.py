@@ -117,7 +117,9 @@ def measured(world3, tmp_path_factory):
             for name, speeds, extra in (("equal", [1, 1, 1], {"gns_every": 1}),
                                         ("uneven", [1, 2, 4], {"weighting": "samples",
                                                                "gns_every": 1}),
-                                        ("every4", [1, 2, 4], {}))}
+                                        ("every4", [1, 2, 4], {}),
+                                        ("sparse", [1, 1, 1], {"gns_every": 1, "sparsify": "topk",
+                                                               "density_warmup": 2}))}
 
 
 def test_equal_and_uneven_splits_record_the_same_noise_scale(measured):
@@ -142,3 +144,13 @@ def test_by_default_every_fourth_step_is_measured(measured):
     total = 3 * run["plan"]["steps_per_epoch"]
     assert sum(e["gns_steps"] for e in run["epochs"]) == (total - 2) // 4 + 1
     assert all(e["gns_noise"] > 0 and e["b_noise_smoothed"] > 0 for e in run["epochs"])
+
+
+def test_a_sparse_run_measures_in_its_dense_warm_up_only(measured):
+    """--sparsify topk --density-warmup 2: epoch 1 (density 21.5 %) sends every entry, so it
+    trains and measures as the dense run does; epochs 2-3 (4.6 %, 1 %) are sparse: only epoch
+    1's last step, sent with epoch 2's first, is counted there."""
+    dense, sparse = measured["equal"]["epochs"], measured["sparse"]["epochs"]
+    assert sparse[0]["gns_steps"] == dense[0]["gns_steps"]
+    assert sparse[0]["b_noise"] == pytest.approx(dense[0]["b_noise"], rel=1e-3)
+    assert sparse[1]["gns_steps"] == 1 and "gns_steps" not in sparse[2]

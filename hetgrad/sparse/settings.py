@@ -91,6 +91,14 @@ class Sparsify:
         """Whether a step at ``density`` (a warm-up one: above the target) goes dense."""
         return self.density < density and density >= self.dense_above
 
+    def dense_warmup(self) -> bool:
+        """Whether some steps send every entry of the mean gradient itself: warm-up epochs at
+        a density of at least ``dense_above``, no momentum, no clipping (where the gradient
+        noise scale is measured, :mod:`hetgrad.noise`)."""
+        return (self.warmup_epochs > 0 and self.dense_above < 1.0
+                and self.density_at(0) >= self.dense_above
+                and self.momentum == 0.0 and self.clip_norm is None)
+
     def k_of(self, size: int, density: float | None = None) -> int:
         """Entries a tensor of ``size`` entries sends: ``ceil(density x size)``, at least 1."""
         d = self.density if density is None else density

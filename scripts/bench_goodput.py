@@ -1,0 +1,204 @@
+#!/usr/bin/env python
+"""Time to a target accuracy: the goodput-chosen global batch (``--adaptive-batch``) against
+fixed global batches -- the task's default ``B_0`` and a grid up to the range's top.
+
+One task (MNIST-1D, ``cnn1d``, Adam, ``B_0`` = 100 at learning rate 0.01); a fixed ``B`` runs
+at ``0.01 sqrt(B / B_0)`` (the square-root rule the adaptive run applies to Adam, with
+AdaScale's gain). Scenarios: emulated speeds (``1,1,2,4@1e-4``: 4 ranks of speeds 1,1,2,4
+sleeping 0.1 ms per sample at speed 1) and fixed CPU shares (``quota:1,0.25``: 2 ranks, the
+second capped at a quarter of its core; real compute). Per scenario, every seed runs every
+arm once, the arms in a fresh random order every seed. Time to target = the probe's time +
+the training time of the epochs up to the first whose test accuracy reaches the target
+(evaluation left out: it is the same per epoch for every arm). Resumable: each run writes
+DIR/<scenario>_<arm>_s<seed>.json. At the end: DIR/goodput.json, DIR/goodput.md and one
+accuracy-vs-time plot per scenario.
+
+    .venv/bin/python scripts/bench_goodput.py --dir results/goodput
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+from pathlib import Path
+
+from bench.figures import panels, pyplot, save
+from bench.launch import train
+from bench.placement import placed
+from bench.schedule import interleaved
+from bench.tables import markdown, num
+
+TASK = ["--data", "mnist1d", "--model", "cnn1d", "--optimizer", "adam"]
+B0, LR0, TOP = 100, 0.01, 800
+
+
+def scenario_setup(name: str) -> tuple[int, list[str], list | None]:
+    """Ranks, extra train args and placement: ``1,1,2,4@1e-4`` or ``quota:1,0.25``."""
+    if name.startswith("quota:"):
+        shares = [float(s) for s in name[len("quota:"):].split(",")]
+        return len(shares), [], [(r % 2, s) for r, s in enumerate(shares)]
+    speeds, unit = name.split("@")
+    return len(speeds.split(",")), ["--emulate-speeds", speeds, "--emulate-unit", unit], None
+
+
+def arm_args(arm: str) -> list[str]:
+    if arm == "adaptive":
+        return ["-B", str(B0), "--lr", str(LR0), "--adaptive-batch",
+                "--batch-range", f"{B0},{TOP}"]
+    b = int(arm.split("-")[1])
+    return ["-B", str(b), "--lr", f"{LR0 * math.sqrt(b / B0):.6g}"]
+
+
+def curve(rec: dict) -> list[tuple[float, float]]:
+    """(seconds since start, test accuracy) after every epoch: the probe, then training."""
+    t, out = rec.get("probe_time_s", 0.0), []
+    for row in rec["epochs"]:
+        t += row["time_s"]
+        out.append((t, row["test_accuracy"]))
+    return out
+
+
+def time_to(rec: dict, target: float) -> float | None:
+    return next((t for t, acc in curve(rec) if acc >= target), None)
+
+
+def run_all(args, out: Path) -> None:
+    arms = ["adaptive", *(f"fixed-{b}" for b in args.grid)]
+    for scenario in args.scenarios:
+        ranks, extra, placement = scenario_setup(scenario)
+        tag = scenario.replace(",", "-").replace(":", "-").replace("@", "-")
+        for seed, arm in interleaved(arms, args.seeds):
+            f = out / f"{tag}_{arm}_s{seed}.json"
+            if f.exists():
+                continue
+            print(f"[goodput] {f.name}", flush=True)
+            part = f.with_name(f.name + ".part")
+            with placed(placement) as wrap:
+                rec = train(ranks, [*TASK, *arm_args(arm), *extra, "--seed", str(seed),
+                                    "--epochs", str(args.epochs)], part, wrap=wrap)
+            rec.update(scenario=scenario, arm=arm, seed=seed)
+            f.write_text(json.dumps(rec, indent=1))
+            part.unlink()
+
+
+def summarize(out: Path, target: float) -> list[dict]:
+    """Per scenario and arm: time to target per seed, its mean, final accuracy; and the
+    adaptive arm's paired ratios to the default and to the best fixed arm."""
+    runs = [json.loads(p.read_text()) for p in sorted(out.glob("*_s*.json"))]
+    rows = []
+    for scenario in sorted({r["scenario"] for r in runs}):
+        mine = [r for r in runs if r["scenario"] == scenario]
+        by_arm = {}
+        for r in mine:
+            by_arm.setdefault(r["arm"], {})[r["seed"]] = r
+        for arm, seeds in sorted(by_arm.items()):
+            times = {s: time_to(r, target) for s, r in seeds.items()}
+            reached = [t for t in times.values() if t is not None]
+            rows.append({"scenario": scenario, "arm": arm, "seeds": len(seeds),
+                         "time_to_target": times,
+                         "mean_time": statistics.mean(reached) if len(reached) == len(times)
+                         else None,
+                         "final_accuracy": statistics.mean(r["final_test_accuracy"]
+                                                          for r in seeds.values()),
+                         "batches": {s: [e.get("global_batch") for e in r["epochs"]]
+                                     for s, r in seeds.items()}})
+    return rows
+
+
+def ratios(rows: list[dict], default: str) -> list[dict]:
+    """Per scenario: adaptive's time to target over the default's and the best fixed arm's
+    (the one with the least mean time), per seed, and their mean."""
+    out = []
+    for scenario in sorted({r["scenario"] for r in rows}):
+        arms = {r["arm"]: r for r in rows if r["scenario"] == scenario}
+        fixed = [r for a, r in arms.items() if a != "adaptive" and r["mean_time"] is not None]
+        if "adaptive" not in arms or not fixed:
+            continue
+        best = min(fixed, key=lambda r: r["mean_time"])
+        ada = arms["adaptive"]["time_to_target"]
+        for name, other in (("default", arms.get(default)), ("best fixed", best)):
+            if other is None:
+                continue
+            per = [ada[s] / other["time_to_target"][s] for s in ada
+                   if ada[s] and other["time_to_target"].get(s)]
+            out.append({"scenario": scenario, "versus": f"{name} ({other['arm']})",
+                        "ratios": per, "mean_ratio": statistics.mean(per) if per else None,
+                        "accuracy_diff": arms["adaptive"]["final_accuracy"]
+                        - other["final_accuracy"]})
+    return out
+
+
+def tables(rows: list[dict], paired: list[dict], target: float) -> str:
+    arms = markdown(["scenario", "arm", "seeds", "time to target (s), per seed", "mean",
+                     "final test acc", "global batch per epoch (seed 0)"],
+                    [[r["scenario"], r["arm"], r["seeds"],
+                      ", ".join(num(t, ".1f") for _, t in sorted(r["time_to_target"].items())),
+                      num(r["mean_time"], ".1f"), f"{r['final_accuracy']:.3f}",
+                      _batches(r["batches"].get(0))] for r in rows])
+    vs = markdown(["scenario", "adaptive vs", "time ratio per seed", "mean", "final acc diff"],
+                  [[p["scenario"], p["versus"], ", ".join(f"{x:.2f}" for x in p["ratios"]),
+                    num(p["mean_ratio"], ".2f"), f"{100 * p['accuracy_diff']:+.1f} pts"]
+                   for p in paired])
+    return f"Target test accuracy {target}.\n\n{arms}\n\n{vs}\n"
+
+
+def _batches(batches: list | None) -> str:
+    if not batches:
+        return "-"
+    runs, last = [], None
+    for b in batches:
+        if b != last:
+            runs.append(str(b))
+        last = b
+    return " -> ".join(runs)
+
+
+def plot(out: Path, target: float) -> list[Path]:
+    runs = [json.loads(p.read_text()) for p in sorted(out.glob("*_s*.json"))]
+    plt, paths = pyplot(), []
+    for scenario in sorted({r["scenario"] for r in runs}):
+        fig, (ax,) = panels(1, 6.5, 4.2)
+        arms = sorted({r["arm"] for r in runs if r["scenario"] == scenario})
+        for k, arm in enumerate(arms):
+            for r in (r for r in runs if r["scenario"] == scenario and r["arm"] == arm):
+                t, acc = zip(*curve(r))
+                ax.plot(t, acc, color=f"C{k}", lw=2.2 if arm == "adaptive" else 1.0,
+                        alpha=0.8, label=arm if r["seed"] == 0 else None)
+        ax.axhline(target, color="grey", ls=":", lw=1)
+        ax.set(xlabel="seconds (probe + training)", ylabel="test accuracy",
+               title=f"MNIST-1D cnn1d, {scenario}")
+        ax.legend(fontsize=8)
+        paths.append(save(fig, out / f"goodput_{scenario.replace(':', '-')}.png"))
+        plt.close(fig)
+    return paths
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dir", default="results/goodput")
+    ap.add_argument("--scenarios", default="1,1,2,4@1e-4;quota:1,0.25",
+                    help="';'-separated: SPEEDS@UNIT (emulated) or quota:SHARES")
+    ap.add_argument("--grid", default="100,200,400,800", help="fixed global batches")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--epochs", type=int, default=20)
+    ap.add_argument("--target", type=float, default=0.85)
+    args = ap.parse_args()
+    args.scenarios = args.scenarios.split(";")
+    args.grid = [int(b) for b in args.grid.split(",")]
+    out = Path(args.dir)
+    out.mkdir(parents=True, exist_ok=True)
+    run_all(args, out)
+    rows = summarize(out, args.target)
+    paired = ratios(rows, f"fixed-{B0}")
+    (out / "goodput.json").write_text(json.dumps({"target": args.target, "arms": rows,
+                                                  "adaptive_vs": paired}, indent=1))
+    md = tables(rows, paired, args.target)
+    (out / "goodput.md").write_text(md)
+    print(md)
+    for p in plot(out, args.target):
+        print("plot:", p)
+
+
+if __name__ == "__main__":
+    main()
