@@ -45,6 +45,7 @@ class AdaptiveBatch(Action):
         self.rule = "sgd" if sgd else "adaptive"
         self.factor = float((saved or {}).get("lr_factor", 1.0))
         self.last_lr = None
+        self.measured: dict[int, float] = {}   # global batch -> seconds per step
 
     def callbacks(self, job):
         return [_ScaledRate(self, job.optimizer)]
@@ -57,11 +58,9 @@ class AdaptiveBatch(Action):
         if (b_noise is None or b_noise <= 0 or balance is None or balance.warmup
                 or balance.epoch != epoch + 1):
             return   # no estimate yet, or no step model measured in seconds (a partial epoch)
-        exchange_s = min(balance.wait_s) / plan.steps_per_epoch
         models = [m.model() for m in self.rebalancer.online]
         choice = self.chooser.choose(plan.global_batch, b_noise,
-                                     lambda b: _step_s(models, b, plan, self.rebalancer,
-                                                       exchange_s))
+                                     self._step_time(models, plan, balance, row))
         # every rank computed it from the same gathered numbers; rank 0's is taken all the
         # same, so that a last-bit difference in a near tie can never split the world's plans
         choice = job.comm.bcast(choice if job.rank == 0 else None, root=0)
@@ -78,6 +77,26 @@ class AdaptiveBatch(Action):
                       f"learning rate x{self.factor:.3g}, batches {new.batches}", flush=True)
             job.progress.plan = new
             set_plan(job.optimizer, new)
+
+
+    def _step_time(self, models, plan: Plan, balance, row: dict):
+        """Seconds per step at a global batch: as measured, at a batch this run has trained
+        at (the epoch's wall time over its steps: everything a step costs); elsewhere the
+        slowest rank's model time of the batch's equal-time plan plus the exchange (the
+        slowest rank's wait), scaled by how far that prediction misses at the current batch."""
+        now = plan.global_batch
+        self.measured[now] = row["time_s"] / plan.steps_per_epoch
+        exchange_s = min(balance.wait_s) / plan.steps_per_epoch
+
+        def predicted(b: int) -> float | None:
+            return _step_s(models, b, plan, self.rebalancer, exchange_s)
+
+        scale = self.measured[now] / (predicted(now) or self.measured[now])
+
+        def step_s(b: int) -> float | None:
+            guess = self.measured.get(b) or predicted(b)
+            return guess if b in self.measured or guess is None else guess * scale
+        return step_s
 
 
 def _replanned(models, batch: int, plan: Plan, rebalancer) -> Plan:

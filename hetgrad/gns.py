@@ -42,12 +42,15 @@ class NoiseScale:
     decay: float = 0.95
     s: float = 0.0
     g2: float = 0.0
-    steps: int = 0
+    steps: float = 0
 
-    def add(self, s: float, g2: float) -> None:
-        self.s = self.decay * self.s + (1 - self.decay) * s
-        self.g2 = self.decay * self.g2 + (1 - self.decay) * g2
-        self.steps += 1
+    def add(self, s: float, g2: float, weight: float = 1) -> None:
+        """One more estimate; ``weight``: as many steps as it stands for (an epoch's mean of
+        ``weight`` steps moves the averages as far as those steps one by one would)."""
+        keep = self.decay ** weight
+        self.s = keep * self.s + (1 - keep) * s
+        self.g2 = keep * self.g2 + (1 - keep) * g2
+        self.steps += weight
 
     def _corrected(self, value: float) -> float:
         return value / (1 - self.decay ** self.steps)

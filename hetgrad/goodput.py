@@ -9,7 +9,8 @@ scale ``B_noise`` (:mod:`hetgrad.gns`) each sample is worth
 of one at the starting batch ``B_0`` (McCandlish et al.: steps needed fall as
 ``1 + B_noise / B``), so the progress per second is ``goodput(B) = B / t(B) * E(B)``. Between
 epochs :class:`BatchChooser` picks the candidate ``B`` in the user's range with the largest
-goodput, moving only when it beats the current one by the hysteresis; the learning rate
+goodput, moving only when it beats the current one by the hysteresis, and at most by a
+factor 2; the learning rate
 follows by AdaScale's gain ``r = (B / B_0) E(B)`` -- the progress of one step at ``B`` in
 steps at ``B_0`` -- linearly for SGD, by its square root for Adam (:func:`lr_factor`).
 No TensorFlow here.
@@ -78,10 +79,14 @@ class BatchChoice:
 
 class BatchChooser:
     """The global batch in ``[lo, hi]`` with the largest predicted goodput; a move needs a
-    gain above ``hysteresis`` (noisy estimates must not make the batch wander)."""
+    gain above ``hysteresis`` (noisy estimates must not make the batch wander) and goes at
+    most a factor ``reach`` from the current batch (the next epoch measures the step time
+    there before a further move trusts the models' extrapolation)."""
 
-    def __init__(self, lo: int, hi: int, b0: int, hysteresis: float = 0.05):
-        self.lo, self.hi, self.b0, self.hysteresis = lo, hi, b0, hysteresis
+    def __init__(self, lo: int, hi: int, b0: int, hysteresis: float = 0.05,
+                 reach: float = 2.0):
+        self.lo, self.hi, self.b0 = lo, hi, b0
+        self.hysteresis, self.reach = hysteresis, reach
 
     def choose(self, current: int, b_noise: float,
                step_s: Callable[[int], float | None]) -> BatchChoice:
@@ -91,8 +96,9 @@ class BatchChooser:
             t = step_s(b)
             return None if t is None or t <= 0 else b / t * efficiency(b, b_noise, self.b0)
 
-        scores = {b: g for b in candidates(self.lo, self.hi, current)
-                  if (g := scored(b)) is not None}
+        near = [b for b in candidates(self.lo, self.hi, current)
+                if current / self.reach <= b <= current * self.reach]
+        scores = {b: g for b in near if (g := scored(b)) is not None}
         now = scores.get(current) or scored(current) or 0.0
         best = max(scores, key=scores.get, default=current)
         moved = best != current and scores[best] > now * (1 + self.hysteresis)

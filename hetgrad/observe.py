@@ -13,10 +13,10 @@ from .compat import keras
 
 class Noise(Action):
     """Every epoch: the mean ``S`` and ``|G|^2`` of its steps (:mod:`hetgrad.noise`),
-    ``b_noise`` from them, and ``b_noise_smoothed`` (a bias-corrected moving average over the
-    epochs, :class:`hetgrad.gns.NoiseScale`) into the row."""
+    ``b_noise`` from them, and ``b_noise_smoothed`` (bias-corrected moving averages over the
+    steps measured, ``decay`` per step, :class:`hetgrad.gns.NoiseScale`) into the row."""
 
-    def __init__(self, decay: float = 0.5):
+    def __init__(self, decay: float = 0.9):
         from .gns import NoiseScale
         self.smooth = NoiseScale(decay=decay)
 
@@ -27,7 +27,7 @@ class Noise(Action):
         s, g2, steps = job.aggregation.noise.take()
         if not steps:
             return
-        self.smooth.add(s, g2)
+        self.smooth.add(s, g2, weight=steps)
         row.update(gns_noise=s, gns_signal=g2, gns_steps=steps,
                    b_noise=s / g2 if g2 > 0 else None, b_noise_smoothed=self.smooth.b_noise)
 
