@@ -61,7 +61,7 @@ def assemble(spec: RunSpec) -> Run:
     optimizer = _hetgrad_optimizer(spec, plan, comm.rank, comm.size)
     if spec.gns or spec.adaptive_batch:
         check_measurable(optimizer, "adaptive_batch" if spec.adaptive_batch else "gns",
-                         spec.gns_every)
+                         spec.gns_every or (1 if spec.adaptive_batch else 4))
     if spec.adaptive_batch and not hasattr(optimizer.learning_rate, "assign"):
         raise HetgradError("the adaptive batch scales the learning rate: give the optimizer a "
                            "number, not a schedule (a LearningRateScheduler callback works)",

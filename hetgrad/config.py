@@ -159,12 +159,12 @@ class TrainConfig:
                                       "the run's and each rank's, in a new run dir here")
     timeline: str | None = setting(None, "rank 0 writes each rank's compute and exchange spans "
                                    "of sampled steps here (Chrome trace JSON)")
-    gns: bool = setting(False, "record the gradient noise scale B_noise every epoch")
-    gns_every: int = setting(4, "the noise scale of every N-th step", check=at_least(1))
+    gns: bool = setting(False, "record the gradient noise scale B_noise each epoch")
+    gns_every: int | None = setting(None, "measure every N-th step (4; 1 if adaptive)", check=at_least(1))
     adaptive_batch: bool = setting(False, "choose each epoch's global batch by goodput (from "
                                    "B_noise and the step models), scaling the learning rate")
-    batch_range: list[int] | None = setting(None, "--adaptive-batch: LO,HI of the global "
-                                            "batch (default: B to 16 B)", parse=ints)
+    batch_range: list[int] | None = setting(None, "LO,HI of the adaptive global batch "
+                                            "(B to 16 B)", parse=ints)
     timeline_steps: int = setting(100, "timeline: every step of the first N", check=at_least(0))
     timeline_window: int = setting(10, "timeline: then N steps mid-epoch (in every 2nd, 4th.. "
                                    "epoch of a long run)", check=at_least(0))

@@ -16,7 +16,7 @@ class Noise(Action):
     ``b_noise`` from them, and ``b_noise_smoothed`` (bias-corrected moving averages over the
     steps measured, ``decay`` per step, :class:`hetgrad.gns.NoiseScale`) into the row."""
 
-    def __init__(self, decay: float = 0.9):
+    def __init__(self, decay: float = 0.95):
         from .gns import NoiseScale
         self.smooth = NoiseScale(decay=decay)
 

@@ -63,6 +63,11 @@ def scenario_setup(name: str) -> tuple[int, list[str], list | None]:
     return len(speeds.split(",")), ["--emulate-speeds", speeds, "--emulate-unit", unit], None
 
 
+def tag_of(scenario: str) -> str:
+    """A scenario's name in file names: ``1,1,2,4@1e-4`` -> ``1-1-2-4-1e-4``."""
+    return scenario.replace(",", "-").replace(":", "-").replace("@", "-")
+
+
 def arm_args(arm: str) -> list[str]:
     if arm == "adaptive":
         return ["-B", str(B0), "--lr", str(LR0), "--adaptive-batch",
@@ -90,7 +95,7 @@ def run_all(args, out: Path) -> None:
     data = ["--data", mnist1d_data(args.data_size, out / "data")]
     for scenario in args.scenarios:
         ranks, extra, placement = scenario_setup(scenario)
-        tag = scenario.replace(",", "-").replace(":", "-").replace("@", "-")
+        tag = tag_of(scenario)
         for seed, arm in interleaved(arms, args.seeds):
             f = out / f"{tag}_{arm}_s{seed}.json"
             if f.exists():
@@ -194,7 +199,7 @@ def plot(out: Path, target: float) -> list[Path]:
         ax.set(xlabel="seconds of training", ylabel="test accuracy",
                title=f"MNIST-1D cnn1d, {scenario}")
         ax.legend(fontsize=8)
-        paths.append(save(fig, out / f"goodput_{scenario.replace(':', '-')}.png"))
+        paths.append(save(fig, out / f"goodput_{tag_of(scenario)}.png"))
         plt.close(fig)
     return paths
 

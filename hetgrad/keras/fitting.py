@@ -33,7 +33,7 @@ def fit(model, x, y=None, *, global_batch: int, epochs: int, validation_data=Non
         sparsify=None, step_timeout: float | None = 600.0, emulate_speeds: str | None = None,
         emulate_unit: float = 1e-3,
         tensorboard: str | None = None, timeline: str | None = None, gns: bool = False,
-        gns_every: int = 4, adaptive_batch: tuple[int, int] | None = None):
+        gns_every: int | None = None, adaptive_batch: tuple[int, int] | None = None):
     """Train the compiled ``model`` on ``(x, y)`` with local batches that sum to
     ``global_batch``; returns the Keras ``History``.
 
