@@ -179,8 +179,8 @@ stop() {
   [ -d "$DIR/run" ] || { say "nothing to stop in $DIR"; return 0; }
   local pids=() f name pid
   if [ -n "$(pid_of "$DIR/run/slurmctld.pid" slurmctld)" ]; then   # cancel our jobs first
-    SLURM_CONF=$DIR/slurm.conf scancel --quiet --full --state=PENDING,RUNNING,SUSPENDED \
-      --user="$(id -un)" 2>/dev/null || true
+    # (no --state: Slurm 22.05 refuses a list of states, and the cancel would not happen)
+    SLURM_CONF=$DIR/slurm.conf scancel --quiet --full --user="$(id -un)" 2>/dev/null || true
   fi
   mapfile -t stepds < <(our_stepds)
   end_pids "${stepds[@]}"
