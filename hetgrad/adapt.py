@@ -50,24 +50,30 @@ class AdaptiveBatch(Action):
     def callbacks(self, job):
         return [_ScaledRate(self, job.optimizer)]
 
+    def on_epoch_begin(self, job, epoch):
+        self._keep(job)   # in every checkpoint, also those before the first decision
+
+    def _keep(self, job) -> None:
+        job.checkpointer.state["adaptive"] = {"lr_factor": self.factor, "b0": self.chooser.b0}
+
     def on_epoch_end(self, job, epoch, row):
         plan = job.plan
         row.update(global_batch=plan.global_batch, lr_factor=self.factor, lr=self.last_lr)
         b_noise = row.get("b_noise_smoothed")
         balance = self.rebalancer.history[-1] if self.rebalancer.history else None
         if (b_noise is None or b_noise <= 0 or balance is None or balance.warmup
-                or balance.epoch != epoch + 1):
-            return   # no estimate yet, or no step model measured in seconds (a partial epoch)
+                or balance.epoch != epoch + 1 or epoch + 1 == job.spec.epochs):
+            return   # no estimate yet, no step model measured in seconds (a partial epoch),
+            #          or no epoch left to run a new batch
         models = [m.model() for m in self.rebalancer.online]
         choice = self.chooser.choose(plan.global_batch, b_noise,
                                      self._step_time(models, plan, balance, row))
-        # every rank computed it from the same gathered numbers; rank 0's is taken all the
-        # same, so that a last-bit difference in a near tie can never split the world's plans
+        # rank 0's choice for all: the measured step times are each rank's own clock
         choice = job.comm.bcast(choice if job.rank == 0 else None, root=0)
         row.update(batch_next=choice.batch, efficiency=choice.efficiency,
                    goodput_predicted=choice.goodput, batch_changed=choice.changed)
         self.factor = lr_factor(choice.batch, choice.b_noise, self.chooser.b0, self.rule)
-        job.checkpointer.state["adaptive"] = {"lr_factor": self.factor}
+        self._keep(job)
         if choice.changed:
             new = _replanned(models, choice.batch, plan, self.rebalancer)
             if job.rank == 0 and self.verbose:
@@ -101,7 +107,7 @@ class AdaptiveBatch(Action):
 
 def _replanned(models, batch: int, plan: Plan, rebalancer) -> Plan:
     return make_plan(models, batch, plan.dataset_size, min_batch=rebalancer.min_batch,
-                     max_batch=rebalancer.max_batch, drop_remainder=plan.dropped > 0)
+                     max_batch=rebalancer.max_batch, drop_remainder=rebalancer.drop_remainder)
 
 
 def _step_s(models, batch: int, plan: Plan, rebalancer, exchange_s: float) -> float | None:

@@ -59,13 +59,11 @@ def assemble(spec: RunSpec) -> Run:
         replace(spec, global_batch=state["plan"]["global_batch"]) if state else spec,
         comm.size, probed)
     optimizer = _hetgrad_optimizer(spec, plan, comm.rank, comm.size)
+    _check_adaptive(spec, optimizer, comm.size)
     if spec.gns or spec.adaptive_batch:
         check_measurable(optimizer, "adaptive_batch" if spec.adaptive_batch else "gns",
                          spec.gns_every or (1 if spec.adaptive_batch else 4))
-    if spec.adaptive_batch and not hasattr(optimizer.learning_rate, "assign"):
-        raise HetgradError("the adaptive batch scales the learning rate: give the optimizer a "
-                           "number, not a schedule (a LearningRateScheduler callback works)",
-                           field="adaptive_batch")
+
     checkpointer = Checkpointer(spec.checkpoint_dir, spec.model, optimizer, comm.rank,
                                 every=spec.checkpoint_every,
                                 state={"probe": [asdict(p) for p in probed],
@@ -79,6 +77,25 @@ def assemble(spec: RunSpec) -> Run:
     return Run(spec, comm, spec.model, optimizer, checkpointer,
                _actions(spec, comm, probed, checkpointer, state), Progress(plan), plan, tuple(probed),
                probe_time, epoch, spec.device, step)
+
+
+def _check_adaptive(spec: RunSpec, optimizer, size: int) -> None:
+    """What the noise scale's interval and the adaptive batch need (hk.fit's arguments; the
+    CLI's flags are checked before TensorFlow)."""
+    if spec.gns_every is not None and spec.gns_every < 1:
+        raise HetgradError(f"must be >= 1, got {spec.gns_every}", field="gns_every")
+    if not spec.adaptive_batch:
+        return
+    if spec.sparsify is not None:
+        raise HetgradError("the adaptive batch is not built with sparsification yet",
+                           field="adaptive_batch")
+    if not hasattr(optimizer.learning_rate, "assign"):
+        raise HetgradError("the adaptive batch scales the learning rate: give the optimizer a "
+                           "number, not a schedule (a LearningRateScheduler callback works)",
+                           field="adaptive_batch")
+    if size < 2:
+        raise HetgradError("the adaptive batch needs 2 or more ranks (the noise scale compares "
+                           "their gradients)", field="adaptive_batch")
 
 
 def _position(state: dict | None, plan: Plan) -> tuple[int, int]:
@@ -133,6 +150,7 @@ def _probe(spec: RunSpec, comm, state: dict | None) -> list[ProbeResult]:
     widest = spec.global_batch   # the models must hold the batches a rank may get: with an
     if spec.adaptive_batch:      # adaptive batch, up to twice an equal share of its top
         widest = max(widest, min(spec.adaptive_batch[1], 2 * spec.adaptive_batch[1] // comm.size))
+    widest = min(widest, len(spec.data))
     top = min(p.top or widest, cap or widest)
     emulation = Emulation.of(*spec.emulation, comm.rank) if spec.emulation else None
     results = probe_model(spec.model, spec.data, global_batch=spec.global_batch,
@@ -198,7 +216,7 @@ def _actions(spec: RunSpec, comm, probed: list[ProbeResult], checkpointer,
     rebalancer = Rebalancer(comm, models=[p.model() for p in probed]
                             if _planned_by_probe(spec) and probed else None,
                             threshold=spec.rebalance_threshold, min_batch=spec.min_batch,
-                            max_batch=spec.max_batch)
+                            max_batch=spec.max_batch, drop_remainder=spec.drop_remainder)
     made = {
         Emulation: Emulation.of(*spec.emulation, comm.rank) if spec.emulation else None,
         Watchdog: Watchdog(spec.step_timeout) if spec.step_timeout else None,

@@ -5,7 +5,7 @@ Layout of a checkpoint directory::
     ckpt-<epoch>/       tf.train.Checkpoint files (model + optimizer, incl. iterations);
                         ckpt-<epoch>-<step>/ when saved in the middle of an epoch
       rank-<r>.npz      per-rank state (sparse mode: residuals and selection history)
-    state.json          {"epoch", "step", "checkpoint", "plan", "probe", "job"} -- written
+    state.json          {"epoch", "step", "checkpoint", "plan", "probe", "job"[, "adaptive"]} -- written
                         last, by rename, so it always names a complete checkpoint
     final_weights.npz   the model's weights when training ended
 
@@ -41,6 +41,7 @@ class State:
     probe: list
     job: dict = dc_field(default_factory=dict)   # the job's settings (validate.job_identity)
     step: int = 0                                # steps done of epoch ``epoch + 1``
+    adaptive: dict | None = None                 # --adaptive-batch: lr_factor, b0 (adapt.py)
 
 
 def checkpoint_name(epoch: int, step: int = 0) -> str:

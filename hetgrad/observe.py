@@ -138,17 +138,20 @@ class Timeline(Action):
         for r, (spans, epoch_span, host) in enumerate(gathered):
             self.trace.add(r, spans, epoch_span)
             self.trace.hosts[r] = host
-        self._mark(epoch)
+        self._mark(epoch, row)
         _guarded(self, "the timeline", self.trace.write)
 
-    def _mark(self, epoch: int) -> None:
-        """A re-plan decided by this epoch's timings (marked at its end), a checkpoint saved
-        in it."""
+    def _mark(self, epoch: int, row: dict) -> None:
+        """A re-plan decided by this epoch's timings or a new global batch (marked at its
+        end), a checkpoint saved in it."""
         measured = _measured(self.rebalancer, epoch)
         if measured is not None and measured.replanned:
             self.trace.mark("re-plan", time.time(), epoch=epoch + 1, batches=measured.batches,
                             new_batches=measured.new_batches,
                             predicted_gain=round(measured.predicted_gain, 4))
+        if row.get("batch_changed"):
+            self.trace.mark("global batch", time.time(), epoch=epoch + 1,
+                            batch=row["global_batch"], new_batch=row["batch_next"])
         save = self.checkpointer.last_save
         if save is not None and save[0] >= self.begun:
             self.trace.mark("checkpoint", save[0], dur=save[1] - save[0], epoch=epoch + 1)

@@ -90,12 +90,13 @@ class Rebalancer:
 
     def __init__(self, comm, *, models: Sequence[StepModel] | None = None,
                  threshold: float | None = 0.03, min_batch: int = 1,
-                 max_batch: Sequence[int] | int | None = None):
+                 max_batch: Sequence[int] | int | None = None, drop_remainder: bool = False):
         if threshold is not None and not threshold >= 0:
             raise ConfigError(f"must be >= 0, got {threshold}", field="rebalance_threshold")
         self.comm = comm
         self.threshold = threshold
         self.min_batch, self.max_batch = min_batch, max_batch
+        self.drop_remainder = drop_remainder
         self.online = [OnlineModel(m) for m in models] if models is not None else None
         self.history: list[EpochBalance] = []
 
@@ -139,7 +140,7 @@ class Rebalancer:
         models = [m.model() for m in self.online]
         candidate = make_plan(models, plan.global_batch, plan.dataset_size,
                               min_batch=self.min_batch, max_batch=self.max_batch,
-                              drop_remainder=plan.dropped > 0)
+                              drop_remainder=self.drop_remainder)
         old_t = max(m.time(b) for m, b in zip(models, plan.batches))
         entry.predicted_gain = old_t / candidate.predicted_step_s - 1.0
         if self.threshold is None or candidate.batches == plan.batches:

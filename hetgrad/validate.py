@@ -120,11 +120,16 @@ def check_resumed(state: dict, directory, identity: dict, *, global_batch: int, 
     ``identity`` settings (by the names the user typed), and epochs left to train. Another
     world size is fine: the run re-plans and goes on with the same global order of samples."""
     plan = state["plan"]
-    if batch_range and batch_range[0] <= plan["global_batch"] <= batch_range[1]:
-        global_batch = plan["global_batch"]     # the batch it had chosen
 
     def bad(text: str, field: str = "resume"):
         raise InputFileError(text, field=field)
+
+    started = state.get("adaptive", {}).get("b0", global_batch)
+    if batch_range and started != global_batch:
+        bad(f"the checkpoint's adaptive batch started at {started}; resume with global batch "
+            f"{started}", "global_batch")
+    if batch_range and batch_range[0] <= plan["global_batch"] <= batch_range[1]:
+        global_batch = plan["global_batch"]     # the batch it had chosen
 
     if plan["global_batch"] != global_batch:
         bad(f"the checkpoint trained with global batch {plan['global_batch']}; resume with "

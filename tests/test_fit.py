@@ -96,3 +96,8 @@ def test_fit_errors_name_the_argument(tmp_path):
     with pytest.raises(HetgradError, match="adaptive_batch: the adaptive batch scales the "
                                            "learning rate: give the optimizer a number"):
         hk.fit(scheduled, x, y, global_batch=4, epochs=1, adaptive_batch=(4, 16))
+    with pytest.raises(HetgradError, match="adaptive_batch: the adaptive batch needs 2 or more "
+                                           "ranks"):
+        hk.fit(compiled(), x, y, global_batch=4, epochs=1, adaptive_batch=(4, 16))
+    with pytest.raises(HetgradError, match="gns_every: must be >= 1, got 0"):
+        hk.fit(compiled(), x, y, global_batch=4, epochs=1, gns=True, gns_every=0)

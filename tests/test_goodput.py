@@ -109,11 +109,12 @@ def adapted(world3, tmp_path_factory):
     state = json.loads((d / "ck" / "state.json").read_text())
     resumed = world3.run("training:train", epochs=5, resume=str(d / "ck"),
                          out=str(d / "b.json"), **common).root
-    return first, state, resumed
+    again = json.loads((d / "ck" / "state.json").read_text())   # saved by the resumed run
+    return first, state, resumed, again
 
 
 def test_the_batch_follows_goodput_and_the_rate_follows_the_batch(adapted):
-    first, _, _ = adapted
+    first = adapted[0]
     rows, balance = first["epochs"], first["balance"]
     assert "batch_next" not in rows[0]              # epoch 1 measures only
     assert any(r.get("batch_changed") for r in rows), rows
@@ -132,7 +133,7 @@ def test_the_batch_follows_goodput_and_the_rate_follows_the_batch(adapted):
 
 
 def test_a_resumed_run_goes_on_with_the_chosen_batch_and_rate(adapted):
-    first, state, resumed = adapted
+    first, state, resumed, again = adapted
     decided = [r for r in first["epochs"] if "batch_next" in r][-1]
     chosen = decided["batch_next"]
     assert state["plan"]["global_batch"] == chosen
@@ -141,3 +142,7 @@ def test_a_resumed_run_goes_on_with_the_chosen_batch_and_rate(adapted):
     row = resumed["epochs"][-1]
     assert row["epoch"] == 5 and row["global_batch"] == chosen
     assert row["lr_factor"] == pytest.approx(factor, rel=1e-6)
+    assert "batch_next" not in row          # the last epoch (and a resumed first) decides nothing
+    # its checkpoint keeps them for a resume after that one
+    assert again["epoch"] == 5 and again["plan"]["global_batch"] == chosen
+    assert again["adaptive"] == {"lr_factor": pytest.approx(factor, rel=1e-6), "b0": 24}
