@@ -54,6 +54,7 @@ def configure_tf(threads: int = 1, device: str = "cpu") -> str:
 
 _WORLD: Comm | None = None
 GRACE_S = 20.0  # how long a rank lets the rank that found an error report and abort first
+PEERS_S = 1.0   # how long that rank lets the others, which raise the same error, go quiet
 
 
 def init() -> Comm:
@@ -97,7 +98,8 @@ def fail_fast(flags: dict[str, str] | None = None):
     A rank that fails alone would leave the others blocked in a collective, so with more than
     one rank we call ``MPI_Abort``; exit code 2 for user errors, 1 otherwise. ``flags`` maps
     a setting to the flag shown for it (see :meth:`HetgradError.render`). An error another
-    rank reports (``reported_elsewhere``) waits :data:`GRACE_S` for that rank's abort first.
+    rank reports (``reported_elsewhere``) waits :data:`GRACE_S` for that rank's abort first;
+    that rank waits :data:`PEERS_S` before it, for the others to reach their error.
     """
     _raise_on_signals()
     try:
@@ -124,7 +126,9 @@ def fail_fast(flags: dict[str, str] | None = None):
         text = exc.render(flags) if isinstance(exc, HetgradError) else str(exc)
         print(f"hetgrad: error{where}: {text}", file=sys.stderr, flush=True)
         if size > 1:
-            abort(code)
+            if getattr(exc, "culprits", None):   # the others raise it in the same step: a
+                time.sleep(PEERS_S)              # slower one must not meet the abort's SIGTERM
+            abort(code)                          # before it knows (it would print a line)
         sys.exit(code)
 
 

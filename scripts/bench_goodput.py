@@ -26,8 +26,8 @@ import statistics
 from pathlib import Path
 
 from bench.figures import panels, pyplot, save
-from bench.launch import train
-from bench.placement import placed
+from bench.launch import train_once
+from bench.placement import profile
 from bench.schedule import interleaved
 from bench.tables import markdown, num
 
@@ -52,15 +52,6 @@ def mnist1d_data(size: int, cache: Path) -> str:
         np.savez(path, x_train=d["x"].astype(np.float32), y_train=d["y"],
                  x_test=d["x_test"].astype(np.float32), y_test=d["y_test"])
     return str(path)
-
-
-def scenario_setup(name: str) -> tuple[int, list[str], list | None]:
-    """Ranks, extra train args and placement: ``1,1,2,4@1e-4`` or ``quota:1,0.25``."""
-    if name.startswith("quota:"):
-        shares = [float(s) for s in name[len("quota:"):].split(",")]
-        return len(shares), [], [(r % 2, s) for r, s in enumerate(shares)]
-    speeds, unit = name.split("@")
-    return len(speeds.split(",")), ["--emulate-speeds", speeds, "--emulate-unit", unit], None
 
 
 def tag_of(scenario: str) -> str:
@@ -94,20 +85,12 @@ def run_all(args, out: Path) -> None:
     arms = ["adaptive", *(f"fixed-{b}" for b in args.grid)]
     data = ["--data", mnist1d_data(args.data_size, out / "data")]
     for scenario in args.scenarios:
-        ranks, extra, placement = scenario_setup(scenario)
-        tag = tag_of(scenario)
+        ranks, extra, placement = profile(scenario)
         for seed, arm in interleaved(arms, args.seeds):
-            f = out / f"{tag}_{arm}_s{seed}.json"
-            if f.exists():
-                continue
-            print(f"[goodput] {f.name}", flush=True)
-            part = f.with_name(f.name + ".part")
-            with placed(placement) as wrap:
-                rec = train(ranks, [*TASK, *data, *arm_args(arm), *extra, "--seed", str(seed),
-                                    "--epochs", str(args.epochs)], part, wrap=wrap)
-            rec.update(scenario=scenario, arm=arm, seed=seed)
-            f.write_text(json.dumps(rec, indent=1))
-            part.unlink()
+            train_once(out / f"{tag_of(scenario)}_{arm}_s{seed}.json", ranks,
+                       [*TASK, *data, *arm_args(arm), *extra, "--seed", str(seed),
+                        "--epochs", str(args.epochs)], placement, tag="goodput",
+                       scenario=scenario, arm=arm, seed=seed)
 
 
 def summarize(out: Path, target: float) -> list[dict]:

@@ -19,8 +19,8 @@ import json
 from pathlib import Path
 
 from bench.claim import cells, markdown
-from bench.launch import train
-from bench.placement import placed
+from bench.launch import train_once
+from bench.placement import profile
 from bench.schedule import interleaved
 
 TASKS = {  # name: (train args, epochs)
@@ -34,15 +34,6 @@ TASKS = {  # name: (train args, epochs)
     "synthetic-cnn": (["--data", "synthetic", "--model", "cnn", "--global-batch", "128",
                        "--optimizer", "adam", "--lr", "0.002"], 4),
 }
-
-
-def profile_setup(profile: str) -> tuple[int, list[str], list | None]:
-    """Ranks, extra train args and placement of a profile: ``1,8`` (emulated speeds) or
-    ``quota:1,0.25`` (rank r on core r % 2 at that CPU share, >= 0.25)."""
-    if profile.startswith("quota:"):
-        shares = [float(s) for s in profile[len("quota:"):].split(",")]
-        return len(shares), [], [(r % 2, s) for r, s in enumerate(shares)]
-    return len(profile.split(",")), ["--emulate-speeds", profile], None
 
 
 def main() -> None:
@@ -61,21 +52,14 @@ def main() -> None:
     for task in args.tasks.split(","):
         targs, epochs = TASKS[task]
         epochs = max(1, round(epochs * args.epochs_scale))
-        for profile in args.profiles.split(";"):
-            ranks, extra, placement = profile_setup(profile)
-            name = profile.replace(",", "-").replace(":", "-")
+        for name in args.profiles.split(";"):
+            ranks, extra, placement = profile(name)
+            tag = name.replace(",", "-").replace(":", "-")
             for seed, mode in interleaved(args.modes.split(","), args.seeds):
-                f = out / f"{task}_{name}_{mode}_s{seed}.json"
-                if f.exists():
-                    continue
-                print(f"[experiment] {f.name}", flush=True)
-                part = f.with_name(f.name + ".part")
-                with placed(placement) as wrap:
-                    rec = train(ranks, [*targs, *extra, "--mode", mode, "--seed", str(seed),
-                                        "--epochs", str(epochs)], part, wrap=wrap)
-                rec["label"] = profile   # the record's profile, for the report's groups
-                f.write_text(json.dumps(rec, indent=1))
-                part.unlink()
+                # label: the record's profile, for the report's groups
+                train_once(out / f"{task}_{tag}_{mode}_s{seed}.json", ranks,
+                           [*targs, *extra, "--mode", mode, "--seed", str(seed),
+                            "--epochs", str(epochs)], placement, tag="experiment", label=name)
     summarize(out, Path(args.report_dir or out / "report"))
 
 

@@ -81,6 +81,23 @@ def train(np_: int, args: Sequence[str], out: str | Path, *, env: dict[str, str]
     return load_record(out, cmd)
 
 
+def train_once(path: Path, np_: int, args: Sequence[str], placement=None, *, tag: str,
+               **fields) -> None:
+    """The record of ``hetgrad train ARGS`` on ``np_`` ranks placed by ``placement``
+    (:func:`bench.placement.placed`) at ``path``, with ``fields`` added -- unless ``path``
+    exists (a benchmark resumes where it stopped); written through ``path.part``."""
+    from bench.placement import placed
+    if path.exists():
+        return
+    print(f"[{tag}] {path.name}", flush=True)
+    part = path.with_name(path.name + ".part")
+    with placed(placement) as wrap:
+        rec = train(np_, args, part, wrap=wrap)
+    rec.update(fields)
+    path.write_text(json.dumps(rec, indent=1))
+    part.unlink()
+
+
 def load_record(out: str | Path, cmd: Sequence[str] = ()) -> dict:
     """The JSON record at ``out``; a missing or broken one is a :class:`LaunchError`."""
     try:

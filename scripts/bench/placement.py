@@ -15,6 +15,18 @@ QUOTA_PERIOD_US = 4000   # 4 ms: the cap holds within a step (default 100 ms wou
 Placement = Sequence[tuple[int, float | None]]   # rank -> (core, share of it or None)
 
 
+def profile(name: str) -> tuple[int, list[str], "Placement | None"]:
+    """Ranks, extra ``hetgrad train`` args and placement of a speed profile: ``1,8``
+    (emulated speeds), ``1,1,2,4@1e-4`` (emulated, that many seconds per sample at speed 1)
+    or ``quota:1,0.25`` (rank r on core r % 2 at that CPU share)."""
+    if name.startswith("quota:"):
+        shares = [float(s) for s in name[len("quota:"):].split(",")]
+        return len(shares), [], [(r % 2, s) for r, s in enumerate(shares)]
+    speeds, _, unit = name.partition("@")
+    return (len(speeds.split(",")), ["--emulate-speeds", speeds,
+                                     *(["--emulate-unit", unit] if unit else [])], None)
+
+
 @contextlib.contextmanager
 def placed(placement: Placement | None) -> Iterator[list[str] | None]:
     """The command prefix that puts local rank ``r`` on core ``placement[r][0]`` and, when
