@@ -89,7 +89,7 @@ def _check_adaptive(spec: RunSpec, optimizer, size: int) -> None:
     if spec.sparsify is not None:
         raise HetgradError("the adaptive batch is not built with sparsification yet",
                            field="adaptive_batch")
-    if not hasattr(optimizer.learning_rate, "assign"):
+    if compat.has_schedule(optimizer):
         raise HetgradError("the adaptive batch scales the learning rate: give the optimizer a "
                            "number, not a schedule (a LearningRateScheduler callback works)",
                            field="adaptive_batch")

@@ -153,6 +153,15 @@ def learning_rate(optimizer) -> float:
     return float(tf.convert_to_tensor(lr))
 
 
+def has_schedule(optimizer) -> bool:
+    """Whether the learning rate is a schedule object (Keras 2's optimizers show it as a
+    variable the schedule overwrites every step)."""
+    schedule = keras.optimizers.schedules.LearningRateSchedule
+    held = getattr(optimizer, "_learning_rate", None)
+    lr = optimizer.learning_rate
+    return isinstance(held, schedule) or isinstance(lr, schedule) or not hasattr(lr, "assign")
+
+
 def set_learning_rate(optimizer, value: float) -> None:
     """Set a constant learning rate (a schedule object cannot be set)."""
     lr = optimizer.learning_rate
