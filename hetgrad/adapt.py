@@ -42,7 +42,7 @@ class AdaptiveBatch(Action):
     def __init__(self, chooser: BatchChooser, rebalancer, sgd: bool, verbose: bool,
                  saved: dict | None = None):
         self.chooser, self.rebalancer, self.verbose = chooser, rebalancer, verbose
-        self.rule = "sgd" if sgd else "adaptive"
+        self.sgd = sgd
         self.factor = float((saved or {}).get("lr_factor", 1.0))
         self.last_lr = None
         self.measured: dict[int, float] = {}   # global batch -> seconds per step
@@ -72,7 +72,7 @@ class AdaptiveBatch(Action):
         choice = job.comm.bcast(choice if job.rank == 0 else None, root=0)
         row.update(batch_next=choice.batch, efficiency=choice.efficiency,
                    goodput_predicted=choice.goodput, batch_changed=choice.changed)
-        self.factor = lr_factor(choice.batch, choice.b_noise, self.chooser.b0, self.rule)
+        self.factor = lr_factor(choice.batch, choice.b_noise, self.chooser.b0, self.sgd)
         self._keep(job)
         if choice.changed:
             new = _replanned(models, choice.batch, plan, self.rebalancer)
@@ -83,7 +83,6 @@ class AdaptiveBatch(Action):
                       f"learning rate x{self.factor:.3g}, batches {new.batches}", flush=True)
             job.progress.plan = new
             set_plan(job.optimizer, new)
-
 
     def _step_time(self, models, plan: Plan, balance, row: dict):
         """Seconds per step at a global batch: as measured, at a batch this run has trained
@@ -100,8 +99,10 @@ class AdaptiveBatch(Action):
         scale = self.measured[now] / (predicted(now) or self.measured[now])
 
         def step_s(b: int) -> float | None:
-            guess = self.measured.get(b) or predicted(b)
-            return guess if b in self.measured or guess is None else guess * scale
+            if b in self.measured:
+                return self.measured[b]
+            guess = predicted(b)
+            return None if guess is None else guess * scale
         return step_s
 
 

@@ -63,7 +63,6 @@ def assemble(spec: RunSpec) -> Run:
     if spec.gns or spec.adaptive_batch:
         check_measurable(optimizer, "adaptive_batch" if spec.adaptive_batch else "gns",
                          spec.gns_every or (1 if spec.adaptive_batch else 4))
-
     checkpointer = Checkpointer(spec.checkpoint_dir, spec.model, optimizer, comm.rank,
                                 every=spec.checkpoint_every,
                                 state={"probe": [asdict(p) for p in probed],
@@ -75,8 +74,8 @@ def assemble(spec: RunSpec) -> Run:
                   f"{comm.size} ranks: plan batches {plan.batches}", file=sys.stderr, flush=True)
     epoch, step = _position(state, plan)
     return Run(spec, comm, spec.model, optimizer, checkpointer,
-               _actions(spec, comm, probed, checkpointer, state), Progress(plan), plan, tuple(probed),
-               probe_time, epoch, spec.device, step)
+               _actions(spec, comm, probed, checkpointer, state), Progress(plan), plan,
+               tuple(probed), probe_time, epoch, spec.device, step)
 
 
 def _check_adaptive(spec: RunSpec, optimizer, size: int) -> None:

@@ -35,11 +35,11 @@ def gain(batch: float, b_noise: float, b0: float) -> float:
     return batch / b0 * efficiency(batch, b_noise, b0)
 
 
-def lr_factor(batch: float, b_noise: float, b0: float, optimizer: str) -> float:
+def lr_factor(batch: float, b_noise: float, b0: float, sgd: bool) -> float:
     """What the learning rate set for ``b0`` is multiplied by at ``batch``: the gain for
-    SGD, its square root for Adam (whose step is normalised by the gradient's own scale)."""
+    SGD, its square root otherwise (Adam's step is normalised by the gradient's own scale)."""
     r = gain(batch, b_noise, b0)
-    return r if optimizer == "sgd" else math.sqrt(r)
+    return r if sgd else math.sqrt(r)
 
 
 def candidates(lo: int, hi: int, current: int, per_octave: int = 4) -> list[int]:
@@ -71,7 +71,6 @@ class BatchChoice:
     batch: int                  # the global batch of the next epoch
     b_noise: float
     efficiency: float           # E(batch)
-    step_s: float               # predicted seconds per step at ``batch``
     goodput: float              # predicted, in B_0-samples per second
     current_goodput: float      # the batch in effect's
     changed: bool
@@ -99,11 +98,10 @@ class BatchChooser:
         near = [b for b in candidates(self.lo, self.hi, current)
                 if current / self.reach <= b <= current * self.reach]
         scores = {b: g for b in near if (g := scored(b)) is not None}
-        now = scores.get(current) or scored(current) or 0.0
+        now = scores.get(current, 0.0)     # the current batch is always a candidate
         best = max(scores, key=scores.get, default=current)
         moved = best != current and scores[best] > now * (1 + self.hysteresis)
         batch = best if moved else current
         return BatchChoice(batch=batch, b_noise=b_noise,
                            efficiency=efficiency(batch, b_noise, self.b0),
-                           step_s=step_s(batch) or 0.0, goodput=scores.get(batch, now),
-                           current_goodput=now, changed=moved)
+                           goodput=scores.get(batch, now), current_goodput=now, changed=moved)

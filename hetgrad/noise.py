@@ -112,7 +112,7 @@ def check_measurable(optimizer, field: str = "gns", every: int = 1) -> None:
     agg = optimizer.hetgrad
     sparse = isinstance(agg.reducer, SparseReducer)
     refused = [(sparse and not agg.reducer.settings.dense_warmup(),
-                "with sparsification but in a dense warm-up (--density-warmup, without "
+                "with sparsification outside a dense warm-up (--density-warmup, without "
                 "momentum correction or local clipping)"),
                (not sparse and not agg.reducer.carries_count, "with a compressed exchange"),
                (compat.is_loss_scale_optimizer(optimizer), "with a loss scale (mixed precision)"),

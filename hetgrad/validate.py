@@ -77,6 +77,9 @@ def check_flags(cfg: TrainConfig, world_size: int) -> None:
     for name in given(cfg):
         if name in NEEDS and not NEEDS[name][0](cfg):
             raise ConfigError(f"does nothing without {NEEDS[name][1]}", field=name)
+    if cfg.adaptive_batch and world_size < 2:
+        raise ConfigError("needs 2 or more ranks (the noise scale compares their gradients)",
+                          field="adaptive_batch")
     if cfg.gns and cfg.sparsify and not cfg.sparse_settings().dense_warmup():
         raise ConfigError("with --sparsify the noise scale is measured in the dense warm-up "
                           "steps only: give --density-warmup (without --momentum-correction "

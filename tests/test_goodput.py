@@ -16,8 +16,8 @@ def test_efficiency_and_gain_follow_the_noise_scale():
     # a batch far below B_noise is almost free (linear scaling), far above it worthless
     assert gain(128, 1e9, 64) == pytest.approx(2.0)
     assert gain(6400, 1.0, 64) == pytest.approx(65 / 64, rel=1e-3)
-    assert lr_factor(256, 256.0, 64, "sgd") == pytest.approx(256 / 64 * 320 / 512)
-    assert lr_factor(256, 256.0, 64, "adaptive") == pytest.approx(math.sqrt(2.5))
+    assert lr_factor(256, 256.0, 64, sgd=True) == pytest.approx(256 / 64 * 320 / 512)
+    assert lr_factor(256, 256.0, 64, sgd=False) == pytest.approx(math.sqrt(2.5))
 
 
 def test_candidates_span_the_range_geometrically_and_hold_the_current_batch():
@@ -146,3 +146,12 @@ def test_a_resumed_run_goes_on_with_the_chosen_batch_and_rate(adapted):
     # its checkpoint keeps them for a resume after that one
     assert again["epoch"] == 5 and again["plan"]["global_batch"] == chosen
     assert again["adaptive"] == {"lr_factor": pytest.approx(factor, rel=1e-6), "b0": 24}
+
+
+def test_one_rank_is_refused_before_tensorflow():
+    from hetgrad.config import TrainConfig
+    from hetgrad.validate import check_flags
+    with pytest.raises(ConfigError, match="needs 2 or more ranks") as err:
+        check_flags(TrainConfig(adaptive_batch=True), world_size=1)
+    assert err.value.field == "adaptive_batch"
+    check_flags(TrainConfig(adaptive_batch=True), world_size=2)
