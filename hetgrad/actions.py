@@ -40,6 +40,9 @@ class Action:
     def on_train_end(self, job: "Job") -> None:
         pass
 
+    def on_error(self, job: "Job") -> None:
+        """An epoch raised (this rank only: undo local state, no collective)."""
+
 
 class Emulation(Action):
     """Emulated speeds: the schedule's speed from each epoch on, a sleep before each call into

@@ -1,5 +1,5 @@
 """The goodput-driven global batch as an action of the run (:mod:`hetgrad.actions`): after
-each measured epoch, from the noise scale (:class:`hetgrad.observe.Noise`) and the ranks'
+each epoch, from the noise scale (:class:`hetgrad.observe.Noise`) and the ranks'
 step models (:class:`hetgrad.rebalance.Rebalancer`), :class:`~hetgrad.goodput.BatchChooser`
 picks the next epoch's global batch; a new one is re-planned over the ranks at once, and the
 learning rate the user set (for the starting batch) is multiplied by
@@ -30,9 +30,16 @@ class _ScaledRate(keras.callbacks.Callback):
             compat.set_learning_rate(self.optimizer, self.base * self.owner.factor)
 
     def on_epoch_end(self, epoch, logs=None):
-        if self.base is not None:
-            compat.set_learning_rate(self.optimizer, self.base)
-            self.owner.last_lr, self.base = self.base * self.owner.factor, None
+        if self.restore():
+            self.owner.last_lr = compat.learning_rate(self.optimizer) * self.owner.factor
+
+    def restore(self) -> bool:
+        """The user's rate back (at an epoch's end, or when it raised); whether it was scaled."""
+        if self.base is None:
+            return False
+        compat.set_learning_rate(self.optimizer, self.base)
+        self.base = None
+        return True
 
 
 class AdaptiveBatch(Action):
@@ -46,9 +53,15 @@ class AdaptiveBatch(Action):
         self.factor = float((saved or {}).get("lr_factor", 1.0))
         self.last_lr = None
         self.measured: dict[int, float] = {}   # global batch -> seconds per step
+        self.rate: _ScaledRate | None = None
 
     def callbacks(self, job):
-        return [_ScaledRate(self, job.optimizer)]
+        self.rate = _ScaledRate(self, job.optimizer)
+        return [self.rate]
+
+    def on_error(self, job):
+        if self.rate is not None:   # the user's rate, not the scaled one, in what they save
+            self.rate.restore()
 
     def on_epoch_begin(self, job, epoch):
         self._keep(job)   # in every checkpoint, also those before the first decision
@@ -61,10 +74,11 @@ class AdaptiveBatch(Action):
         row.update(global_batch=plan.global_batch, lr_factor=self.factor, lr=self.last_lr)
         b_noise = row.get("b_noise_smoothed")
         balance = self.rebalancer.history[-1] if self.rebalancer.history else None
-        if (b_noise is None or b_noise <= 0 or balance is None or balance.warmup
-                or balance.epoch != epoch + 1 or epoch + 1 == job.spec.epochs):
-            return   # no estimate yet, no step model measured in seconds (a partial epoch),
-            #          or no epoch left to run a new batch
+        if (b_noise is None or b_noise <= 0 or balance is None
+                or balance.epoch != epoch + 1 or epoch + 1 == job.spec.epochs
+                or (balance.warmup and balance.predicted_step_s is None)):
+            return   # no estimate yet, no epoch measured (a partial one), none left, or
+            #          a first epoch (tracing) and no step models in seconds to go by
         models = [m.model() for m in self.rebalancer.online]
         choice = self.chooser.choose(plan.global_batch, b_noise,
                                      self._step_time(models, plan, balance, row))
@@ -79,7 +93,7 @@ class AdaptiveBatch(Action):
             if job.rank == 0 and self.verbose:
                 print(f"hetgrad: global batch {plan.global_batch} -> {choice.batch} after "
                       f"epoch {epoch + 1}: B_noise {choice.b_noise:.0f}, predicted goodput "
-                      f"{100 * (choice.goodput / choice.current_goodput - 1):+.0f}%, "
+                      f"{_gain(choice)}, "
                       f"learning rate x{self.factor:.3g}, batches {new.batches}", flush=True)
             job.progress.plan = new
             set_plan(job.optimizer, new)
@@ -88,15 +102,18 @@ class AdaptiveBatch(Action):
         """Seconds per step at a global batch: as measured, at a batch this run has trained
         at (the epoch's wall time over its steps: everything a step costs); elsewhere the
         slowest rank's model time of the batch's equal-time plan plus the exchange (the
-        slowest rank's wait), scaled by how far that prediction misses at the current batch."""
+        slowest rank's wait), scaled by how far that prediction misses at the current batch.
+        A process's first epoch (its steps' tracing) is not a measurement: the models alone."""
         now = plan.global_batch
-        self.measured[now] = row["time_s"] / plan.steps_per_epoch
+        if not balance.warmup:
+            self.measured[now] = row["time_s"] / plan.steps_per_epoch
         exchange_s = min(balance.wait_s) / plan.steps_per_epoch
 
         def predicted(b: int) -> float | None:
             return _step_s(models, b, plan, self.rebalancer, exchange_s)
 
-        scale = self.measured[now] / (predicted(now) or self.measured[now])
+        scale = (self.measured[now] / (predicted(now) or self.measured[now])
+                 if now in self.measured else 1.0)
 
         def step_s(b: int) -> float | None:
             if b in self.measured:
@@ -104,6 +121,14 @@ class AdaptiveBatch(Action):
             guess = predicted(b)
             return None if guess is None else guess * scale
         return step_s
+
+
+def _gain(choice) -> str:
+    """The predicted goodput gain of a move, as a percentage (the current batch may have no
+    prediction: no step time in seconds there)."""
+    if not choice.current_goodput:
+        return "n/a"
+    return f"{100 * (choice.goodput / choice.current_goodput - 1):+.0f}%"
 
 
 def _replanned(models, batch: int, plan: Plan, rebalancer) -> Plan:

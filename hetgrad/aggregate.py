@@ -207,23 +207,24 @@ class Aggregation:
         with tf.control_dependencies([cleared]):
             return [None if g is None else _zero_if(idle, g) for g in grads]
 
-    def exchange(self, grads: list) -> list:
+    def exchange(self, grads: list, variables=None) -> list:
         """The exchanged sum of this rank's weighted ``grads`` (``skip_together``: a step with
         NaN/Inf on any rank gives NaN everywhere, for a loss scale to skip, before a reducer
         with per-rank state (sparse memory) takes it in)."""
         if not self.skip_together:
-            out = self._exchange(grads)
+            out = self._exchange(grads, variables)
         else:
             ok = finite_everywhere(grads, getattr(self.reducer, "name", "hetgrad"))
             present = [g for g in grads if g is not None]
-            done = iter(tf.cond(ok, lambda: [g for g in self._exchange(present)],
+            kept = variables and [v for g, v in zip(grads, variables) if g is not None]
+            done = iter(tf.cond(ok, lambda: [g for g in self._exchange(present, kept)],
                                 lambda: [g * np.float32(np.nan) for g in present]))
             out = [None if g is None else next(done) for g in grads]
         if isinstance(self.weight, SampleWeight):
             self.weight.used()
         return out
 
-    def _exchange(self, grads: list) -> list:
+    def _exchange(self, grads: list, variables=None) -> list:
         check_before = self.check is not None and self.reducer.check_local
         if check_before:
             grads = local_check(grads)
@@ -237,7 +238,7 @@ class Aggregation:
         else:
             out = self.reducer.reduce(grads)
         if self.noise is not None:
-            self.noise.keep(grads, self.seed.read_value(), out)
+            self.noise.keep(grads, self.seed.read_value(), out, variables)
         if self.check is not None and not check_before:
             out = self.check.after_exchange(out, grads)
         if self.timer is not None:

@@ -10,7 +10,8 @@ of one at the starting batch ``B_0`` (McCandlish et al.: steps needed fall as
 ``1 + B_noise / B``), so the progress per second is ``goodput(B) = B / t(B) * E(B)``. Between
 epochs :class:`BatchChooser` picks the candidate ``B`` in the user's range with the largest
 goodput, moving only when it beats the current one by the hysteresis, and at most by a
-factor 2; the learning rate
+factor 2, and never to a batch whose samples are worth less than half one at ``B_0``
+(``E(B) >= 0.5``); the learning rate
 follows by AdaScale's gain ``r = (B / B_0) E(B)`` -- the progress of one step at ``B`` in
 steps at ``B_0`` -- linearly for SGD, by its square root for Adam (:func:`lr_factor`).
 No TensorFlow here.
@@ -80,12 +81,15 @@ class BatchChooser:
     """The global batch in ``[lo, hi]`` with the largest predicted goodput; a move needs a
     gain above ``hysteresis`` (noisy estimates must not make the batch wander) and goes at
     most a factor ``reach`` from the current batch (the next epoch measures the step time
-    there before a further move trusts the models' extrapolation)."""
+    there before a further move trusts the models' extrapolation). Only batches whose
+    samples are worth at least ``min_efficiency`` of one at ``B_0`` are taken: a run of a
+    fixed number of epochs must not trade its final accuracy for speed (at 0.5, a batch may
+    need up to twice the samples of ``B_0`` for the same progress)."""
 
     def __init__(self, lo: int, hi: int, b0: int, hysteresis: float = 0.05,
-                 reach: float = 2.0):
+                 reach: float = 2.0, min_efficiency: float = 0.5):
         self.lo, self.hi, self.b0 = lo, hi, b0
-        self.hysteresis, self.reach = hysteresis, reach
+        self.hysteresis, self.reach, self.min_efficiency = hysteresis, reach, min_efficiency
 
     def choose(self, current: int, b_noise: float,
                step_s: Callable[[int], float | None]) -> BatchChoice:
@@ -99,8 +103,12 @@ class BatchChooser:
                 if current / self.reach <= b <= current * self.reach]
         scores = {b: g for b in near if (g := scored(b)) is not None}
         now = scores.get(current, 0.0)     # the current batch is always a candidate
-        best = max(scores, key=scores.get, default=current)
-        moved = best != current and scores[best] > now * (1 + self.hysteresis)
+        worth = lambda b: efficiency(b, b_noise, self.b0) >= self.min_efficiency  # noqa: E731
+        allowed = {b: g for b, g in scores.items() if worth(b)}
+        # none worth it: the most efficient batch this world can run
+        best = max(allowed, key=allowed.get, default=min(scores, default=current))
+        moved = best != current and (not worth(current) or (
+            best in allowed and allowed[best] > now * (1 + self.hysteresis)))
         batch = best if moved else current
         return BatchChoice(batch=batch, b_noise=b_noise,
                            efficiency=efficiency(batch, b_noise, self.b0),

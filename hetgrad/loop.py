@@ -2,6 +2,7 @@
 the plan in effect, with the actions' hooks before, inside (Keras callbacks) and after it."""
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from typing import TYPE_CHECKING
@@ -21,13 +22,20 @@ if TYPE_CHECKING:
 
 
 class _EpochClock(keras.callbacks.Callback):
-    """Seconds from ``model.fit``'s epoch start to its end (before metric averaging)."""
+    """Seconds of ``model.fit``'s epoch: ``seconds`` its training steps, ``validation`` the
+    validation after them (``validation_data``), if any."""
 
     def on_epoch_begin(self, epoch, logs=None):
-        self.t0 = time.perf_counter()
+        self.t0, self.trained = time.perf_counter(), None
+
+    def on_test_begin(self, logs=None):
+        if self.trained is None:
+            self.trained = time.perf_counter() - self.t0
 
     def on_epoch_end(self, epoch, logs=None):
-        self.seconds = time.perf_counter() - self.t0
+        total = time.perf_counter() - self.t0
+        self.seconds = total if self.trained is None else self.trained
+        self.validation = total - self.seconds
 
 
 class _StopCheck(keras.callbacks.Callback):
@@ -74,7 +82,13 @@ def run_epochs(job: "Run") -> float:
                 action.on_epoch_begin(job, epoch)
             callbacks = [broadcast, *(c for a in actions for c in a.callbacks(job)),
                          *([check] if check else [])]
-            row = _fit_epoch(job, epoch, first, callbacks)
+            try:
+                row = _fit_epoch(job, epoch, first, callbacks)
+            except BaseException:
+                for action in actions:
+                    with contextlib.suppress(Exception):   # the epoch's error is the one to see
+                        action.on_error(job)
+                raise
             if check and check.steps and first + check.steps < job.plan.steps_per_epoch:
                 progress.stopped_at_step = row["stopped_at_step"] = first + check.steps
             early, asked = _agree_on_stopping(job, bool(check and check.steps))
@@ -141,7 +155,8 @@ def _fit_epoch(job: "Run", epoch: int, first: int, callbacks: list) -> dict:
             raise error from None
         raise
     logs = {k: float(v[-1]) for k, v in history.history.items()}
-    row = {"epoch": epoch + 1, **logs, "time_s": clock.seconds}
+    row = {"epoch": epoch + 1, **logs, "time_s": clock.seconds,
+           **({"validation_s": clock.validation} if clock.validation else {})}
     return {**row, "first_step": first} if first else row
 
 

@@ -25,21 +25,35 @@ def squared_norm(grads: list) -> tf.Tensor:
     for g in grads:
         if g is None:
             continue
-        if isinstance(g, tf.IndexedSlices):
-            g = tf.math.unsorted_segment_sum(g.values, g.indices, g.dense_shape[0])
-        total += 2.0 * tf.nn.l2_loss(tf.cast(g, tf.float32))   # one kernel, no temporary
+        total += 2.0 * tf.nn.l2_loss(dense([g])[0])   # one kernel, no temporary
     return total
 
 
-class GradientNoise:
-    """The per-step estimates of ``S`` and ``|G|^2`` summed over an epoch, in variables."""
+def dense(grads: list) -> list:
+    """The gradients as dense float32 tensors (an ``IndexedSlices``' repeated rows summed)."""
+    return [None if g is None else tf.cast(tf.math.unsorted_segment_sum(
+        g.values, g.indices, g.dense_shape[0]) if isinstance(g, tf.IndexedSlices) else g,
+        tf.float32) for g in grads]
 
-    def __init__(self, every: int = 1, name: str = "hetgrad", when=None):
+
+def preconditioned(grads: list, scales: list) -> list:
+    """Each (dense) gradient times its variable's per-entry scale."""
+    return [None if g is None else g * s for g, s in zip(grads, scales)]
+
+
+class GradientNoise:
+    """The per-step estimates of ``S`` and ``|G|^2`` summed over an epoch, in variables;
+    with ``precondition`` (:func:`hetgrad.compat.adam_preconditioner`) those of the gradient
+    Adam steps along, ``g / (sqrt(v_hat) + eps)`` (Pollux's preconditioned noise scale: Adam's
+    progress per sample follows it, not the raw gradient's)."""
+
+    def __init__(self, every: int = 1, name: str = "hetgrad", when=None, precondition=None):
         var = lambda name: tf.Variable(0.0, dtype=tf.float64, trainable=False,  # noqa: E731
                                        name=f"hetgrad_gns_{name}")
         self.s, self.g2, self.steps = var("s"), var("g2"), var("steps")
         self.pending = tf.Variable(tf.zeros(4), trainable=False, name="hetgrad_gns_pending")
         self.every, self.name, self.when = every, name, when   # when(): a step to measure?
+        self.precondition = precondition
         self.count = tf.Variable(0, dtype=tf.int64, trainable=False, name="hetgrad_gns_count")
         self.kept = tf.Variable(False, trainable=False, name="hetgrad_gns_kept")
 
@@ -57,13 +71,16 @@ class GradientNoise:
         self.add(hvd.allreduce(last[:3], op=hvd.Sum, name=f"{self.name}.gns"), last[3])
         return tf.constant(True)
 
-    def keep(self, weighted: list, seeded: tf.Tensor, mean: list) -> None:
+    def keep(self, weighted: list, seeded: tf.Tensor, mean: list, variables=None) -> None:
         """After this step's exchange: its numbers (``seeded``: the pass's ``[w_i, b_i]``),
         for the next step to send -- in every ``every``-th step only (the norms are a read of
-        every gradient)."""
+        every gradient); ``variables``: the gradients' (to precondition them)."""
         def measure() -> tf.Tensor:
-            self.pending.assign(tf.concat([self.local(weighted, seeded[0], seeded[1]),
-                                           tf.reshape(squared_norm(mean), [1])], 0))
+            mine, exchanged = weighted, mean
+            if self.precondition is not None:
+                mine, exchanged = self._preconditioned(mine, exchanged, variables)
+            self.pending.assign(tf.concat([self.local(mine, seeded[0], seeded[1]),
+                                           tf.reshape(squared_norm(exchanged), [1])], 0))
             return tf.constant(True)
 
         if self.every == 1 and self.when is None:
@@ -74,6 +91,14 @@ class GradientNoise:
             due = tf.logical_and(due, self.when())
         self.kept.assign(tf.cond(due, measure, lambda: tf.constant(False)))
         self.count.assign_add(1)
+
+    def _preconditioned(self, weighted: list, mean: list, variables) -> tuple[list, list]:
+        """Both times Adam's per-entry step scales of this step (its ``v`` with the mean
+        gradient taken in: a rank's ``|g_i|`` over it stays bounded)."""
+        weighted, mean = dense(weighted), dense(mean)
+        scales = self.precondition(variables, [tf.zeros(v.shape, tf.float32) if g is None
+                                               else g for v, g in zip(variables, mean)])
+        return preconditioned(weighted, scales), preconditioned(mean, scales)
 
     def local(self, weighted: list, seed: tf.Tensor, batch: tf.Tensor) -> tf.Tensor:
         """``[b_i n_i, b_i, held]`` from this rank's gradients seeded with ``seed`` (``w_i``,
@@ -123,5 +148,19 @@ def check_measurable(optimizer, field: str = "gns", every: int = 1) -> None:
     why = next((why for refuse, why in refused if refuse), None)
     if why:
         raise HetgradError(f"the gradient noise scale is not measured {why} yet", field=field)
-    when = (lambda: agg.reducer.send_all.read_value()) if sparse else None
-    agg.noise = GradientNoise(every, when=when)
+    precondition = compat.adam_preconditioner(optimizer)
+    agg.noise = GradientNoise(every, when=_when(optimizer, agg, sparse, precondition),
+                              precondition=precondition)
+
+
+PRECONDITIONED_AFTER = 10   # Adam's steps before its second moment is a scale to trust
+
+
+def _when(optimizer, agg, sparse: bool, precondition):
+    """Which steps may be measured beyond every ``every``-th (None: all): a sparse exchange's
+    dense warm-up; with a preconditioner, from Adam's :data:`PRECONDITIONED_AFTER`-th step."""
+    tests = ([lambda: agg.reducer.send_all.read_value()] if sparse else []) + (
+        [lambda: optimizer.iterations >= PRECONDITIONED_AFTER] if precondition else [])
+    if not tests:
+        return None
+    return lambda: tf.reduce_all(tf.stack([test() for test in tests]))

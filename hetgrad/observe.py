@@ -13,10 +13,12 @@ from .compat import keras
 
 class Noise(Action):
     """Every epoch: the mean ``S`` and ``|G|^2`` of its steps (:mod:`hetgrad.noise`),
-    ``b_noise`` from them, and ``b_noise_smoothed`` (bias-corrected moving averages over the
-    steps measured, ``decay`` per step, :class:`hetgrad.gns.NoiseScale`) into the row."""
+    ``b_noise`` from them, and ``b_noise_smoothed`` (bias-corrected moving averages,
+    :class:`hetgrad.gns.NoiseScale`, ``decay`` per step of the run's first global batch: an
+    epoch weighs as many such steps as its measured steps stand for, as Pollux weighs its
+    steps by their batch) into the row."""
 
-    def __init__(self, decay: float = 0.95):
+    def __init__(self, decay: float = 0.998):
         from .gns import NoiseScale
         self.smooth = NoiseScale(decay=decay)
 
@@ -24,12 +26,15 @@ class Noise(Action):
         job.aggregation.noise.take()    # what steps outside the epochs added (the probe)
 
     def on_epoch_end(self, job, epoch, row):
-        s, g2, steps = job.aggregation.noise.take()
+        noise = job.aggregation.noise
+        s, g2, steps = noise.take()
         if not steps:
             return
-        self.smooth.add(s, g2, weight=steps)
+        b0 = job.spec.global_batch   # the run's first (a resumed adaptive run's too)
+        self.smooth.add(s, g2, weight=steps * noise.every * job.plan.global_batch / b0)
         row.update(gns_noise=s, gns_signal=g2, gns_steps=steps,
-                   b_noise=s / g2 if g2 > 0 else None, b_noise_smoothed=self.smooth.b_noise)
+                   b_noise=s / g2 if g2 > 0 else None, b_noise_smoothed=self.smooth.b_noise,
+                   gns_preconditioned=noise.precondition is not None)
 
 
 class Scalars(Action):

@@ -101,3 +101,25 @@ def test_fit_errors_name_the_argument(tmp_path):
         hk.fit(compiled(), x, y, global_batch=4, epochs=1, adaptive_batch=(4, 16))
     with pytest.raises(HetgradError, match="gns_every: must be >= 1, got 0"):
         hk.fit(compiled(), x, y, global_batch=4, epochs=1, gns=True, gns_every=0)
+
+
+def test_the_epoch_clock_leaves_validation_apart():
+    """``time_s`` of an epoch is its training steps; the validation Keras runs inside
+    ``model.fit`` (``validation_data``) is ``validation_s`` -- the adaptive batch's measured
+    step time must not hold it."""
+    import time
+
+    from hetgrad.compat import keras
+    from hetgrad.loop import _EpochClock
+
+    class SlowValidation(keras.callbacks.Callback):
+        def on_test_batch_end(self, batch, logs=None):
+            time.sleep(0.3)
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    x, y = np.ones((8, 3), np.float32), np.ones((8, 1), np.float32)
+    clock = _EpochClock()
+    model.fit(x, y, batch_size=8, epochs=1, validation_data=(x, y), verbose=0,
+              callbacks=[clock, SlowValidation()])
+    assert clock.validation >= 0.3 and clock.seconds < clock.validation

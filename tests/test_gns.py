@@ -106,6 +106,76 @@ def test_the_graph_measures_what_the_estimator_says():
     assert float(squared_norm([rows])) == pytest.approx(4.0 ** 2 + 6.0 ** 2)
 
 
+def test_the_preconditioner_is_adams_step_per_unit_gradient():
+    """After two Adam steps, the scales for a third step's gradient are the step that Adam
+    then takes per unit gradient (with beta_1 = 0 its first moment is the gradient itself:
+    ``-dw / (lr g)``), on each of the flavour's Adam classes (Keras 2's legacy one too);
+    none for SGD or AMSGrad (its step divides by the largest second moment seen)."""
+    from hetgrad import compat
+    keras = compat.keras
+    grads = [np.array([[0.5], [-2.0], [0.1]], np.float32),
+             np.array([[1.5], [1.0], [0.1]], np.float32),
+             np.array([[-1.0], [3.0], [0.2]], np.float32)]
+    kinds = [keras.optimizers] + ([] if compat.KERAS3 else [keras.optimizers.legacy])
+    for opts in kinds:
+        layer = keras.layers.Dense(1, use_bias=False)
+        layer.build((None, 3))
+        adam = opts.Adam(0.01, beta_1=0.0, beta_2=0.9, epsilon=0.05)
+        for g in grads[:2]:
+            adam.apply_gradients([(g, layer.kernel)])
+        before = np.array(layer.kernel.numpy())
+        got = np.asarray(compat.adam_preconditioner(adam)([layer.kernel], [grads[2]])[0])
+        adam.apply_gradients([(grads[2], layer.kernel)])
+        step = -(layer.kernel.numpy() - before) / (0.01 * grads[2])
+        np.testing.assert_allclose(got, step, rtol=1e-4, err_msg=str(opts))
+        assert compat.adam_preconditioner(opts.SGD(0.1)) is None
+        assert compat.adam_preconditioner(opts.Adam(0.1, amsgrad=True)) is None
+
+
+def test_an_epoch_weighs_the_steps_of_b0_its_samples_make():
+    """The smoothing's decay is per step of B_0: an epoch of 10 measured steps out of every
+    4th at B_0 = 100 weighs 40, one of 5 such at B = 200 weighs 40 as well."""
+    from types import SimpleNamespace
+
+    from hetgrad.observe import Noise
+    epochs = [(100, (8.0, 2.0, 10)), (200, (30.0, 1.0, 5))]   # B, the epoch's (S, |G|^2, n)
+    action, rows = Noise(decay=0.99), []
+    for batch, taken in epochs:
+        gauge = SimpleNamespace(take=lambda taken=taken: taken, every=4, precondition=None)
+        job = SimpleNamespace(aggregation=SimpleNamespace(noise=gauge),
+                              plan=SimpleNamespace(global_batch=batch),
+                              spec=SimpleNamespace(global_batch=100))
+        rows.append({})
+        action.on_epoch_end(job, len(rows) - 1, rows[-1])
+    keep = 0.99 ** 40
+    s = keep * (1 - keep) * 8.0 + (1 - keep) * 30.0     # the corrections cancel in S / |G|^2
+    g2 = keep * (1 - keep) * 2.0 + (1 - keep) * 1.0
+    assert rows[0]["b_noise_smoothed"] == pytest.approx(4.0)
+    assert rows[1]["b_noise_smoothed"] == pytest.approx(s / g2)
+    assert rows[1]["b_noise"] == pytest.approx(30.0) and not rows[1]["gns_preconditioned"]
+
+
+def test_preconditioned_norms_are_of_the_scaled_gradients():
+    """keep() with a preconditioner: this rank's ``b_i |s * g_i|^2`` and ``|s * g|^2``, the
+    scales given the step's mean gradient."""
+    import tensorflow as tf
+    from hetgrad.noise import GradientNoise
+    g_i, g = np.array([1.0, -2.0, 4.0], np.float32), np.array([0.5, 1.0, -1.0], np.float32)
+    s = np.array([2.0, 0.5, 0.25], np.float32)
+    seen = []
+
+    def scales(variables, grads):
+        seen.append(np.asarray(grads[0]))
+        return [tf.constant(s)]
+    noise = GradientNoise(precondition=scales)
+    w, b = 0.25, 8.0
+    noise.keep([tf.constant(w * g_i)], tf.constant([w, b]), [tf.constant(g)], ["var"])
+    np.testing.assert_allclose(seen[0], g)
+    np.testing.assert_allclose(noise.pending.numpy(),
+                               [b * np.sum((s * g_i) ** 2), b, 1.0, np.sum((s * g) ** 2)],
+                               rtol=1e-6)
+
+
 @pytest.fixture(scope="module")
 def measured(world3, tmp_path_factory):
     """``hetgrad train --gns`` on the same data, seed and global batch, split equally (plan
@@ -119,7 +189,13 @@ def measured(world3, tmp_path_factory):
                                                                "gns_every": 1}),
                                         ("every4", [1, 2, 4], {}),
                                         ("sparse", [1, 1, 1], {"gns_every": 1, "sparsify": "topk",
-                                                               "density_warmup": 2}))}
+                                                               "density_warmup": 2}),
+                                        ("adam-equal", [1, 1, 1], {"gns_every": 1, **ADAM}),
+                                        ("adam-uneven", [1, 2, 4], {"gns_every": 1, **ADAM,
+                                                                    "weighting": "samples"}))}
+
+
+ADAM = {"optimizer": "adam", "lr": 0.003}
 
 
 def test_equal_and_uneven_splits_record_the_same_noise_scale(measured):
@@ -135,6 +211,21 @@ def test_equal_and_uneven_splits_record_the_same_noise_scale(measured):
         assert b["b_noise"] == pytest.approx(a["b_noise"], rel=0.2)
     # the trajectories are the same (weighted = full batch), so this compares estimators only
     assert uneven["final_test_accuracy"] == pytest.approx(equal["final_test_accuracy"], abs=0.01)
+
+
+def test_with_adam_the_preconditioned_noise_scale_agrees_between_splits(measured):
+    """Adam's noise scale is of ``g / (sqrt(v_hat) + eps)``, after its 10th step: the same with
+    equal and uneven batches (the same trajectory) -- over the run's 34 measured steps within
+    20 %, an epoch's (4 or 15 steps, 2 degrees of freedom each) within 30 %."""
+    equal, uneven = measured["adam-equal"], measured["adam-uneven"]
+    steps = equal["plan"]["steps_per_epoch"]
+    assert [e["gns_steps"] for e in equal["epochs"]] == [steps - 11, steps, steps]
+    for a, b in zip(equal["epochs"], uneven["epochs"]):
+        assert a["gns_preconditioned"] and b["gns_preconditioned"] and a["b_noise"] > 0
+        assert b["b_noise"] == pytest.approx(a["b_noise"], rel=0.3)
+    assert uneven["epochs"][-1]["b_noise_smoothed"] == pytest.approx(
+        equal["epochs"][-1]["b_noise_smoothed"], rel=0.2)
+    assert not measured["equal"]["epochs"][0]["gns_preconditioned"]
 
 
 def test_by_default_every_fourth_step_is_measured(measured):

@@ -72,6 +72,25 @@ def test_batches_the_world_cannot_run_are_never_chosen():
     assert choice.changed and 256 <= choice.batch <= 300
 
 
+def test_no_batch_worth_less_than_half_a_sample_of_b0():
+    """Steps of fixed cost make 2048 the goodput's best even at B_noise 100 (E = 0.09), but
+    E(B) >= 0.5 holds the batch at B <= B_noise + 2 B_0 = 228 -- and a batch above that (the
+    noise scale fell) moves down at once, with no hysteresis to clear."""
+    step = lambda b: 0.010   # noqa: E731
+    up = BatchChooser(64, 2048, 64, reach=FAR).choose(64, 100.0, step)
+    assert up.changed and up.batch <= 228 and up.efficiency >= 0.5
+    assert BatchChooser(64, 2048, 64, reach=FAR, min_efficiency=0).choose(
+        64, 100.0, step).batch == 2048
+    down = BatchChooser(64, 2048, 64, reach=2).choose(512, 100.0, step)
+    assert down.changed and down.batch == 256   # none within reach is worth 0.5: the nearest
+    # the current batch unscored (no step time known there) and none worth it: the best
+    # runnable one, never one without a step time
+    runnable = lambda b: 0.010 if b == 362 else None   # noqa: E731
+    stuck = BatchChooser(64, 2048, 64, reach=2).choose(512, 100.0, runnable)
+    assert stuck.batch == 362 and stuck.changed
+    assert not BatchChooser(64, 2048, 64, reach=2).choose(512, 100.0, lambda b: None).changed
+
+
 @pytest.mark.parametrize("given, problem", [
     ((64,), "two batch sizes"), (("a", 2), "two batch sizes"), ((512, 64), "LO <= HI"),
     ((128, 512), "outside 128,512")])
@@ -84,17 +103,16 @@ def test_a_bad_range_is_named(given, problem):
 def test_hk_fit_scales_the_learning_rate_inside_epochs_only(world3):
     """The rate a user's callback reads in the steps is the optimizer's times the batch's
     factor, the same through an epoch; at an epoch's end (where ReduceLROnPlateau reads and
-    sets it) it is the user's own again. A batch grown after the first measured epoch runs
-    fewer steps at a larger rate."""
+    sets it) it is the user's own again. A batch grown after an epoch runs fewer steps at a
+    larger rate."""
     from mpi.adaptive import B0, LR, N
     res = world3.run("adaptive:fit").root
     assert res["at_end"] == pytest.approx([LR] * 4)
     assert all(len(rates) == 1 for rates in res["inside"]), res["inside"]
     rates = [r[0] for r in res["inside"]]
-    assert rates[0] == pytest.approx(LR) and rates[1] == pytest.approx(LR)
-    assert res["steps"][:2] == [math.ceil(N / B0)] * 2
-    grown = [k for k in range(2, 4) if res["steps"][k] < res["steps"][1]]
-    assert grown, res                       # the batch grew after epoch 2
+    assert rates[0] == pytest.approx(LR) and res["steps"][0] == math.ceil(N / B0)
+    grown = [k for k in range(1, 4) if res["steps"][k] < res["steps"][0]]
+    assert grown, res                       # the batch grew
     assert all(rates[k] > LR for k in grown), res
 
 
@@ -116,7 +134,7 @@ def adapted(world3, tmp_path_factory):
 def test_the_batch_follows_goodput_and_the_rate_follows_the_batch(adapted):
     first = adapted[0]
     rows, balance = first["epochs"], first["balance"]
-    assert "batch_next" not in rows[0]              # epoch 1 measures only
+    assert "batch_next" in rows[0]        # decided on the probe's models (no time measured)
     assert any(r.get("batch_changed") for r in rows), rows
     batch, factor = 24, 1.0
     for row, split in zip(rows, balance):
@@ -142,10 +160,28 @@ def test_a_resumed_run_goes_on_with_the_chosen_batch_and_rate(adapted):
     row = resumed["epochs"][-1]
     assert row["epoch"] == 5 and row["global_batch"] == chosen
     assert row["lr_factor"] == pytest.approx(factor, rel=1e-6)
-    assert "batch_next" not in row          # the last epoch (and a resumed first) decides nothing
+    assert "batch_next" not in row          # the last epoch decides nothing
     # its checkpoint keeps them for a resume after that one
     assert again["epoch"] == 5 and again["plan"]["global_batch"] == chosen
     assert again["adaptive"] == {"lr_factor": pytest.approx(factor, rel=1e-6), "b0": 24}
+
+
+def test_the_users_rate_is_back_when_an_epoch_raises():
+    """Scaled from an epoch's first step; an epoch that raises (the loop calls on_error) leaves
+    the user's own rate in the optimizer, for what a handler saves."""
+    from types import SimpleNamespace
+
+    from hetgrad import compat
+    from hetgrad.adapt import AdaptiveBatch
+    optimizer = compat.keras.optimizers.SGD(0.1)
+    action = AdaptiveBatch(BatchChooser(10, 40, 10), rebalancer=None, sgd=True, verbose=False,
+                           saved={"lr_factor": 2.0})
+    job = SimpleNamespace(optimizer=optimizer)
+    (rate,) = action.callbacks(job)
+    rate.on_train_batch_begin(0)
+    assert compat.learning_rate(optimizer) == pytest.approx(0.2)
+    action.on_error(job)
+    assert compat.learning_rate(optimizer) == pytest.approx(0.1)
 
 
 def test_one_rank_is_refused_before_tensorflow():

@@ -41,10 +41,14 @@ class _Hooked:
 
     def _hetgrad_exchange(self, grads, variables) -> list:
         """The exchanged gradients, those of local variables kept as they are."""
+        if getattr(self.hetgrad.noise, "precondition", None) is not None:
+            with tf.init_scope():   # its slots are read inside a cond, where none may be born
+                compat.build_optimizer(self, variables)
         if not self._hetgrad_local:
-            return self.hetgrad.exchange(grads)
+            return self.hetgrad.exchange(grads, variables)
         local = [compat.variable_key(v) in self._hetgrad_local for v in variables]
-        shared = iter(self.hetgrad.exchange([g for g, mine in zip(grads, local) if not mine]))
+        shared = iter(self.hetgrad.exchange([g for g, mine in zip(grads, local) if not mine],
+                                            [v for v, mine in zip(variables, local) if not mine]))
         return [g if mine else next(shared) for g, mine in zip(grads, local)]
 
     def _hetgrad_weighted(self, grads) -> list:

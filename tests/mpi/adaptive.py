@@ -33,7 +33,7 @@ class SeenRates(keras.callbacks.Callback):
 def fit(epochs: int = 4) -> dict:
     """hk.fit of a small softmax classifier on noisy labels, global batch from 16 in
     (16, 512): its tiny steps are all fixed cost, so a larger batch pays once the noise scale
-    is measured (the first epoch only measures)."""
+    is measured."""
     hetgrad.init()
     rng = np.random.default_rng(0)
     x = rng.normal(size=(N, 20)).astype(np.float32)
