@@ -71,6 +71,22 @@ def read_json(path) -> dict:
     return json.loads(Path(path).read_text())
 
 
+# modules that share a session fixture's launches (conftest's under_horovodrun)
+TOGETHER = {"test_sparsify": "test_launchers"}
+
+
+@pytest.hookimpl(tryfirst=True)   # before xdist reads the marks
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (README's ``-n 2 --dist loadgroup``) a test module runs whole on
+    one worker, so its module fixtures and the session fixtures it uses start once there; the
+    modules of :data:`TOGETHER` run on the same worker."""
+    if not config.getoption("loadgroup", False):   # one process (no -n): nothing to group
+        return
+    for item in items:
+        module = getattr(getattr(item, "module", None), "__name__", item.nodeid)
+        item.add_marker(pytest.mark.xdist_group(TOGETHER.get(module, module)))
+
+
 @pytest.fixture
 def mpi():
     return run_mpi

@@ -62,7 +62,7 @@ def snapshot() -> dict:
     return files
 
 
-def test_local_cluster_keeps_to_its_directory(tmp_path):
+def test_local_cluster_keeps_to_its_directory(tmp_path, tmp_path_factory):
     site = Path("/etc/slurm/slurm.conf")
     made, made_dir = not site.exists(), not site.parent.exists()
     if made:   # a site configuration that must stay as it is
@@ -70,7 +70,7 @@ def test_local_cluster_keeps_to_its_directory(tmp_path):
         site.write_text("# a site's slurm.conf (fake, made by tests/test_slurm.py)\n")
     before, text = snapshot(), site.read_bytes()
     bystander = subprocess.Popen([shutil.copy("/bin/sleep", tmp_path / "slurmd"), "300"])
-    directory = tmp_path / "cluster"
+    directory = tmp_path_factory.mktemp("cluster")   # short: its sockets' paths must fit
     try:
         env = exported(local_slurm("start", directory).stdout)
         assert env["SLURM_CONF"] == str(directory / "slurm.conf")
