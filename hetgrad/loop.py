@@ -25,6 +25,10 @@ class _EpochClock(keras.callbacks.Callback):
     """Seconds of ``model.fit``'s epoch: ``seconds`` its training steps, ``validation`` the
     validation after them (``validation_data``), if any."""
 
+    def __init__(self):
+        super().__init__()
+        self.t0, self.trained, self.seconds, self.validation = time.perf_counter(), None, 0, 0
+
     def on_epoch_begin(self, epoch, logs=None):
         self.t0, self.trained = time.perf_counter(), None
 

@@ -55,7 +55,6 @@ def configure_tf(threads: int = 1, device: str = "cpu") -> str:
 _WORLD: Comm | None = None
 GRACE_S = 20.0  # how long a rank lets the rank that found an error report and abort first
 PEERS_S = 1.0   # how long that rank lets the others, which raise the same error, go quiet
-AGREED_EXIT_S = 0.1   # how long the other ranks let rank 0 exit first on a flag's error
 
 
 def init() -> Comm:
@@ -175,23 +174,6 @@ def agree(comm: Comm, check: Callable[[], T]) -> T:
         message, field = problems[failed[0]]
         raise AgreedError(message, field=field, ranks=failed, size=comm.size)
     return result
-
-
-def same_everywhere(check: Callable[[], T]) -> T:
-    """``check()`` whose outcome is the same on every rank (it reads only the flags and the
-    world size): its error is every rank's :class:`AgreedError` without a word between them,
-    before any world is joined. (Open MPI's mpirun takes ~1 s longer to end a job whose
-    ranks had started MPI, and 1 s more when rank 0 is not the first to exit.)"""
-    try:
-        return check()
-    except AgreedError:
-        raise
-    except HetgradError as exc:
-        rank, size = rank_and_size()
-        if rank:
-            time.sleep(AGREED_EXIT_S)
-        raise AgreedError(exc.message, field=exc.field, ranks=list(range(size)),
-                          size=size) from None
 
 
 def abort(code: int) -> None:

@@ -16,8 +16,7 @@ from .config import SETTINGS, TrainConfig
 from .emulate import parse_schedule
 from .errors import ConfigError, InputFileError
 from .planning import choose_plan
-from .launcher import rank_and_size
-from .runtime import agree, control, same_everywhere
+from .runtime import agree, control
 from .targets import kind_of
 from .writable import can_create, check_observers, check_writable
 
@@ -215,9 +214,7 @@ class Checked:
 
 
 def checked_train(cfg: TrainConfig) -> Checked:
-    """Every ``hetgrad train`` check that needs no TensorFlow, agreed by every rank (the
-    flags' own first, before any world is joined)."""
-    same_everywhere(lambda: check_flags(cfg, rank_and_size()[1]))
+    """Every ``hetgrad train`` check that needs no TensorFlow, agreed by every rank."""
     comm = control(cfg.threads, cfg.device)
     data, state = agree(comm, lambda: check_train(cfg, comm.rank, comm.size))
     return Checked(cfg, data, state)
@@ -225,7 +222,6 @@ def checked_train(cfg: TrainConfig) -> Checked:
 
 def checked_probe(cfg: TrainConfig) -> Checked:
     """Every ``hetgrad probe`` check that needs no TensorFlow, agreed by every rank."""
-    same_everywhere(lambda: check_flags(cfg, rank_and_size()[1]))
     comm = control(cfg.threads, cfg.device)
     return Checked(cfg, agree(comm, lambda: check_probe(cfg, comm.rank, comm.size)))
 

@@ -80,7 +80,9 @@ def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (README's ``-n 2 --dist loadgroup``) a test module runs whole on
     one worker, so its module fixtures and the session fixtures it uses start once there; the
     modules of :data:`TOGETHER` run on the same worker."""
-    if not config.getoption("loadgroup", False):   # one process (no -n): nothing to group
+    # xdist sets ``loadgroup`` on its workers only (where the marks are read): False on the
+    # controller, without -n and without xdist
+    if not config.getoption("loadgroup", False):
         return
     for item in items:
         module = getattr(getattr(item, "module", None), "__name__", item.nodeid)
