@@ -105,8 +105,9 @@ class BatchChooser:
         now = scores.get(current, 0.0)     # the current batch is always a candidate
         worth = lambda b: efficiency(b, b_noise, self.b0) >= self.min_efficiency  # noqa: E731
         allowed = {b: g for b, g in scores.items() if worth(b)}
-        # none worth it: the most efficient batch this world can run
-        best = max(allowed, key=allowed.get, default=min(scores, default=current))
+        # none worth it: the most efficient batch this world can run, never a larger one
+        best = max(allowed, key=allowed.get,
+                   default=min((b for b in scores if b <= current), default=current))
         moved = best != current and (not worth(current) or (
             best in allowed and allowed[best] > now * (1 + self.hysteresis)))
         batch = best if moved else current

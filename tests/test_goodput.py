@@ -89,6 +89,8 @@ def test_no_batch_worth_less_than_half_a_sample_of_b0():
     stuck = BatchChooser(64, 2048, 64, reach=2).choose(512, 100.0, runnable)
     assert stuck.batch == 362 and stuck.changed
     assert not BatchChooser(64, 2048, 64, reach=2).choose(512, 100.0, lambda b: None).changed
+    larger = lambda b: 0.010 if b == 724 else None   # noqa: E731  only a less efficient one
+    assert not BatchChooser(64, 2048, 64, reach=2).choose(512, 100.0, larger).changed
 
 
 @pytest.mark.parametrize("given, problem", [
@@ -164,6 +166,16 @@ def test_a_resumed_run_goes_on_with_the_chosen_batch_and_rate(adapted):
     # its checkpoint keeps them for a resume after that one
     assert again["epoch"] == 5 and again["plan"]["global_batch"] == chosen
     assert again["adaptive"] == {"lr_factor": pytest.approx(factor, rel=1e-6), "b0": 24}
+
+
+def test_hk_fit_gives_the_users_rate_back_when_an_epoch_raises(world3):
+    """A user's callback raises in the last epoch, whose steps ran at a scaled rate: the
+    optimizer holds the user's own rate afterwards (what a handler would save)."""
+    from mpi.adaptive import LR
+    res = world3.run("adaptive:fit", fail=True).root
+    assert res["raised"] == "a user's callback failed"
+    assert res["inside"][-1] and res["inside"][-1][0] > LR * 1.01, res   # scaled when it raised
+    assert res["lr_after"] == pytest.approx(LR)
 
 
 def test_the_users_rate_is_back_when_an_epoch_raises():

@@ -30,10 +30,25 @@ class SeenRates(keras.callbacks.Callback):
         self.at_end.append(compat.learning_rate(self.model.optimizer))
 
 
-def fit(epochs: int = 4) -> dict:
+class RaiseInLastEpoch(keras.callbacks.Callback):
+    """Every rank raises after the 2nd step of epoch ``last`` (the same step everywhere)."""
+
+    def __init__(self, last: int):
+        super().__init__()
+        self.last, self.epoch = last, None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.epoch == self.last and batch == 1:
+            raise RuntimeError("a user's callback failed")
+
+
+def fit(epochs: int = 4, fail: bool = False) -> dict:
     """hk.fit of a small softmax classifier on noisy labels, global batch from 16 in
     (16, 512): its tiny steps are all fixed cost, so a larger batch pays once the noise scale
-    is measured."""
+    is measured. ``fail``: a callback raises in the last epoch; the optimizer's rate after."""
     hetgrad.init()
     rng = np.random.default_rng(0)
     x = rng.normal(size=(N, 20)).astype(np.float32)
@@ -43,7 +58,13 @@ def fit(epochs: int = 4) -> dict:
     model.compile(optimizer=keras.optimizers.SGD(LR), metrics=["accuracy"],
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     seen = SeenRates()
-    hk.fit(model, x, y, global_batch=B0, epochs=epochs, adaptive_batch=(B0, 512),
-           callbacks=[seen], verbose=0)
+    extra = [RaiseInLastEpoch(epochs - 1)] if fail else []
+    try:
+        hk.fit(model, x, y, global_batch=B0, epochs=epochs, adaptive_batch=(B0, 512),
+               callbacks=[seen, *extra], verbose=0)
+        raised = None
+    except RuntimeError as exc:
+        raised = str(exc)
     return {"inside": [sorted(s) for s in seen.inside], "at_end": seen.at_end,
-            "steps": seen.steps}
+            "steps": seen.steps, "raised": raised,
+            "lr_after": compat.learning_rate(model.optimizer)}
