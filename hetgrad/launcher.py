@@ -17,6 +17,13 @@ def gloo_launch() -> bool:
     return os.environ.get("HOROVOD_CONTROLLER", "").lower() == "gloo"
 
 
+def mpirun_launch() -> bool:
+    """True under Open MPI's ``mpirun`` (its ORTE daemons; not ``srun``): a job whose rank
+    exits non-zero is torn down after two ``odls_base_sigkill_timeout`` waits (2 s), one that
+    calls ``MPI_Abort`` at once."""
+    return "OMPI_MCA_orte_hnp_uri" in os.environ
+
+
 def launched() -> bool:
     """Whether a launcher started this process as a rank of a world (a Slurm batch script's
     own process is not one: SLURM_PROCID alone does not count)."""

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import FAST_ABORT, ROOT, hetgrad_mpi
+from conftest import ROOT, hetgrad_mpi
 from hetgrad.partition import make_plan
 
 DIGITS = 1437
@@ -259,12 +259,14 @@ def snapshot(root: Path) -> dict:
             for p in sorted(root.rglob("*"))}
 
 
-def check_refused(p: subprocess.CompletedProcess, needle: str, elapsed: float) -> None:
+def check_refused(p: subprocess.CompletedProcess, needle: str, elapsed: float,
+                  aborts: int = 0) -> None:
+    """Exit 2 with one error line holding ``needle`` (and ``aborts`` MPI_ABORT boxes)."""
     err = p.stderr
     assert p.returncode == 2, err[-2000:]
     errors = [line for line in err.splitlines() if line.startswith("hetgrad: error")]
     assert len(errors) == 1 and needle in errors[0], err[-2000:]
-    assert "Traceback" not in err and "MPI_ABORT" not in err, err[-2000:]
+    assert "Traceback" not in err and err.count("MPI_ABORT was invoked") == aborts, err[-2000:]
     assert "hetgrad: probe" not in p.stdout + err   # refused before any probe
     assert elapsed < 40, elapsed
 
@@ -318,12 +320,15 @@ def test_bad_input_is_refused_in_one_line(d, outcomes, kind, args, needle):
     assert after == before   # no case created, changed or deleted a file
 
 
-def test_same_error_on_every_rank_is_printed_once_without_abort(d, tmp_path):
+def test_same_error_on_every_rank_is_printed_once_and_ends_the_job_at_once(d, tmp_path):
+    """Under mpirun rank 0 ends the job with MPI_Abort: not through ranks exiting non-zero,
+    which mpirun ends 2 s later ("Primary job terminated normally, but ...")."""
     t0 = time.monotonic()
-    p = hetgrad_mpi(2, ["train", "--global-batch", "5000", "--out", str(tmp_path / "r.json")],
-                    timeout=120, env_update=FAST_ABORT)
+    p = hetgrad_mpi(3, ["train", "--global-batch", "5000", "--out", str(tmp_path / "r.json")],
+                    timeout=120)
     check_refused(p, "hetgrad: error: --global-batch: dataset has 1437 samples",
-                  time.monotonic() - t0)
+                  time.monotonic() - t0, aborts=1)
+    assert "rank 0 in communicator" in p.stderr and "Primary job" not in p.stderr, p.stderr
     assert list(tmp_path.iterdir()) == []
 
 
