@@ -44,7 +44,8 @@ def build(kind: str, args, plan, hvd, hk, tf):
     from hetgrad import models
     tf.keras.utils.set_random_seed(1)
     model = models.mlp((8, 8, 1), 10, args.width)
-    base = tf.keras.optimizers.SGD(0.001)
+    base = (tf.keras.optimizers.Adam(1e-4) if args.optimizer == "adam"
+            else tf.keras.optimizers.SGD(0.001))
     if kind == "horovod":
         from hetgrad import compat
         opt = compat.horovod_keras().DistributedOptimizer(base, op=hvd.Average)
@@ -138,6 +139,9 @@ def main() -> None:
                     help="comma-separated: horovod, WEIGHT-MODE[-grouped]; MODE: checked "
                          "(finite check + timers), bare (neither), finite, timed (one), gns "
                          "(checked + the noise scale of every step), gnsK (of every K-th)")
+    ap.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd",
+                    help="every arm's (with adam, gns arms measure Adam's preconditioned "
+                         "noise scale, from its 10th step: warm-up blocks cover them)")
     ap.add_argument("--out")
     args = ap.parse_args()
     if args.table:
@@ -182,6 +186,7 @@ def write(args, params: int, size: int, kinds: list[str], per_step: dict) -> Non
     ratios = {k: [a / h for a, h in zip(per_step[k], per_step["horovod"])] for k in kinds}
     threads = tf.config.threading   # as the run had them
     out = {"ranks": size, "params": params, "batch_per_rank": args.batch,
+           "optimizer": args.optimizer,
            "threads": threads.get_intra_op_parallelism_threads(),
            "inter_op": threads.get_inter_op_parallelism_threads(),
            "rounds": args.rounds, "steps_per_block": args.steps,

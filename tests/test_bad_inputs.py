@@ -5,6 +5,7 @@ Keras loss name -- and no file created, changed or deleted."""
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -260,15 +261,22 @@ def snapshot(root: Path) -> dict:
 
 
 def check_refused(p: subprocess.CompletedProcess, needle: str, elapsed: float,
-                  aborts: int = 0) -> None:
-    """Exit 2 with one error line holding ``needle`` (and ``aborts`` MPI_ABORT boxes)."""
+                  aborted: bool = False) -> None:
+    """Exit 2 with one error line holding ``needle`` (and, ``aborted``, one MPI_Abort)."""
     err = p.stderr
     assert p.returncode == 2, err[-2000:]
     errors = [line for line in err.splitlines() if line.startswith("hetgrad: error")]
     assert len(errors) == 1 and needle in errors[0], err[-2000:]
-    assert "Traceback" not in err and err.count("MPI_ABORT was invoked") == aborts, err[-2000:]
+    assert "Traceback" not in err and aborts(err) == int(aborted), err[-2000:]
     assert "hetgrad: probe" not in p.stdout + err   # refused before any probe
     assert elapsed < 40, elapsed
+
+
+def aborts(err: str) -> int:
+    """MPI_Abort calls in an Open MPI job's stderr: its box, or (a race in Open MPI's abort
+    path, on a busy machine) an ORTE_ERROR_LOG line from show_help.c in its place."""
+    return err.count("MPI_ABORT was invoked") + len(
+        re.findall(r"ORTE_ERROR_LOG: .* show_help\.c", err))
 
 
 def needs_tensorflow(args: list[str]) -> bool:
@@ -327,8 +335,8 @@ def test_same_error_on_every_rank_is_printed_once_and_ends_the_job_at_once(d, tm
     p = hetgrad_mpi(3, ["train", "--global-batch", "5000", "--out", str(tmp_path / "r.json")],
                     timeout=120)
     check_refused(p, "hetgrad: error: --global-batch: dataset has 1437 samples",
-                  time.monotonic() - t0, aborts=1)
-    assert "rank 0 in communicator" in p.stderr and "Primary job" not in p.stderr, p.stderr
+                  time.monotonic() - t0, aborted=True)
+    assert "Primary job" not in p.stderr, p.stderr
     assert list(tmp_path.iterdir()) == []
 
 
