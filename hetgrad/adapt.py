@@ -46,10 +46,10 @@ class AdaptiveBatch(Action):
     """Choose each epoch's global batch by goodput (needs the noise scale measured); the
     factor on the learning rate is kept in the checkpoint's state (``adaptive``)."""
 
-    def __init__(self, chooser: BatchChooser, rebalancer, sgd: bool, verbose: bool,
+    def __init__(self, chooser: BatchChooser, rebalancer, lr_rule: str, verbose: bool,
                  saved: dict | None = None):
         self.chooser, self.rebalancer, self.verbose = chooser, rebalancer, verbose
-        self.sgd = sgd
+        self.lr_rule = lr_rule   # one of goodput.LR_RULES
         self.factor = float((saved or {}).get("lr_factor", 1.0))
         self.last_lr = None
         self.measured: dict[int, float] = {}   # global batch -> seconds per step
@@ -86,7 +86,8 @@ class AdaptiveBatch(Action):
         choice = job.comm.bcast(choice if job.rank == 0 else None, root=0)
         row.update(batch_next=choice.batch, efficiency=choice.efficiency,
                    goodput_predicted=choice.goodput, batch_changed=choice.changed)
-        self.factor = lr_factor(choice.batch, choice.b_noise, self.chooser.b0, self.sgd)
+        self.factor = lr_factor(choice.batch, choice.b_noise, self.chooser.b0,
+                                self.lr_rule)
         self._keep(job)
         if choice.changed:
             new = _replanned(models, choice.batch, plan, self.rebalancer)

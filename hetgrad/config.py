@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .errors import ConfigError
+from .goodput import LR_RULES, check_range
 from .sparse.settings import EXCHANGES, POLICIES, SPARSIFY_SETTING  # noqa: F401
 
 MODES = ("weighted", "uneven-avg", "equal")
@@ -138,10 +139,9 @@ class TrainConfig:
     rebalance_threshold: float = setting(0.03, "re-plan when the new plan's predicted epoch "
                                          "time is shorter by more than this fraction (and "
                                          "than the measured noise)", check=non_negative)
-    steps_per_execution: int = setting(1, "train steps per call into the TF graph (Keras "
-                                       "compile's steps_per_execution): less per-step "
-                                       "Python; callbacks and --step-timeout see one call "
-                                       "of that many steps", check=at_least(1))
+    steps_per_execution: int = setting(1, "train steps per call into the TF graph (Keras' "
+                                       "steps_per_execution): less Python per step; callbacks "
+                                       "and --step-timeout see one call", check=at_least(1))
     step_timeout: float = setting(600.0, "seconds a training step may take before every "
                                   "rank is ended (a stuck or dead rank)", check=positive)
     on_nonfinite: str = setting("abort", "NaN/Inf in a rank's local gradients: end the job "
@@ -163,8 +163,9 @@ class TrainConfig:
     gns_every: int | None = setting(None, "measure every N-th step (4; 1 if adaptive)", check=at_least(1))
     adaptive_batch: bool = setting(False, "choose each epoch's global batch by goodput (from "
                                    "B_noise and the step models), scaling the learning rate")
-    batch_range: list[int] | None = setting(None, "LO,HI of the adaptive global batch "
-                                            "(B to 16 B)", parse=ints)
+    batch_range: list[int] | None = setting(None, "LO,HI of the adaptive batch (B..16 B)", parse=ints)
+    lr_rule: str | None = setting(None, "how the rate follows the adaptive batch (default: "
+                                  "gain for SGD, sqrt-gain for Adam)", choices=LR_RULES)
     timeline_steps: int = setting(100, "timeline: every step of the first N", check=at_least(0))
     timeline_window: int = setting(10, "timeline: then N steps mid-epoch (in every 2nd, 4th.. "
                                    "epoch of a long run)", check=at_least(0))
@@ -181,7 +182,6 @@ class TrainConfig:
             raise ConfigError("sparsification runs with mode 'weighted' only", field="sparsify")
         self._check_sparse()
         if self.adaptive_batch:
-            from .goodput import check_range
             check_range(self.batch_range or self.default_range(), self.global_batch)
         if self.resume and not (Path(self.resume) / "state.json").is_file():
             raise ConfigError(f"no checkpoint in {self.resume} (state.json missing)",
@@ -206,8 +206,8 @@ class TrainConfig:
         return [self.global_batch, 16 * self.global_batch]
 
     def emulation_spec(self) -> str | None:
-        """What a probe of this job is timed under (None: real speeds), so a saved probe is
-        never used to judge a run under other emulated speeds."""
+        """What a probe of this job is timed under (None: real speeds; a saved probe of
+        other speeds is never used)."""
         return f"{self.emulate_speeds}@{self.emulate_unit:g}" if self.emulate_speeds else None
 
     @property

@@ -13,7 +13,8 @@ goodput, moving only when it beats the current one by the hysteresis, and at mos
 factor 2, and never to a batch whose samples are worth less than half one at ``B_0``
 (``E(B) >= 0.5``); the learning rate
 follows by AdaScale's gain ``r = (B / B_0) E(B)`` -- the progress of one step at ``B`` in
-steps at ``B_0`` -- linearly for SGD, by its square root for Adam (:func:`lr_factor`).
+steps at ``B_0`` -- linearly for SGD, by its square root for Adam, or by another rule of
+:data:`LR_RULES` (:func:`lr_factor`).
 No TensorFlow here.
 """
 from __future__ import annotations
@@ -36,11 +37,25 @@ def gain(batch: float, b_noise: float, b0: float) -> float:
     return batch / b0 * efficiency(batch, b_noise, b0)
 
 
-def lr_factor(batch: float, b_noise: float, b0: float, sgd: bool) -> float:
-    """What the learning rate set for ``b0`` is multiplied by at ``batch``: the gain for
-    SGD, its square root otherwise (Adam's step is normalised by the gradient's own scale)."""
+LR_RULES = ("gain", "sqrt-gain", "sqrt-batch", "none")
+
+
+def default_lr_rule(sgd: bool) -> str:
+    """AdaScale's gain for SGD, its square root for other optimizers (Adam's step is
+    normalised by the gradient's own scale)."""
+    return "gain" if sgd else "sqrt-gain"
+
+
+def lr_factor(batch: float, b_noise: float, b0: float, rule: str) -> float:
+    """What the learning rate set for ``b0`` is multiplied by at ``batch`` under ``rule``
+    (:data:`LR_RULES`): the gain, its square root, the square-root rule ``sqrt(B / B_0)``
+    (which ignores the noise scale), or 1."""
+    if rule == "sqrt-batch":
+        return math.sqrt(batch / b0)
+    if rule == "none":
+        return 1.0
     r = gain(batch, b_noise, b0)
-    return r if sgd else math.sqrt(r)
+    return r if rule == "gain" else math.sqrt(r)
 
 
 def candidates(lo: int, hi: int, current: int, per_octave: int = 4) -> list[int]:

@@ -64,7 +64,7 @@ def spec_of(checked: Checked) -> RunSpec:
         device=device, tensorboard=cfg.tensorboard, timeline=cfg.timeline,
         timeline_steps=cfg.timeline_steps, timeline_window=cfg.timeline_window, gns=cfg.gns,
         gns_every=cfg.gns_every, adaptive_batch=tuple(cfg.batch_range or cfg.default_range())
-        if cfg.adaptive_batch else None)
+        if cfg.adaptive_batch else None, lr_rule=cfg.lr_rule)
 
 
 def _started(cfg: TrainConfig):

@@ -41,6 +41,7 @@ NEEDS = {
     "adaptive_batch": (lambda c: c.mode == "weighted" and c.sparsify is None,
                        "--mode weighted (and without --sparsify)"),
     "batch_range": (lambda c: c.adaptive_batch, "--adaptive-batch"),
+    "lr_rule": (lambda c: c.adaptive_batch, "--adaptive-batch"),
     "gns_every": (lambda c: c.gns or c.adaptive_batch, "--gns or --adaptive-batch"),
     **{name: (lambda c: c.timeline is not None, "--timeline")
        for name in ("timeline_steps", "timeline_window")},
@@ -60,7 +61,7 @@ RESUMED_AS_SAVED = ("data", "model", "loss", "mode", "weighting", "optimizer", "
                     "momentum_unmasked", "density_warmup", "dense_above", "fresh",
                     "plan", "speeds", "min_batch", "max_batch", "drop_remainder", "probe_file",
                     "probe_batch", "probe_sizes", "probe_steps", "probe_refine",
-                    "adaptive_batch", "batch_range")
+                    "adaptive_batch", "batch_range", "lr_rule")
 
 
 def given(cfg: TrainConfig) -> list[str]:

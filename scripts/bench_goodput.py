@@ -59,10 +59,16 @@ def tag_of(scenario: str) -> str:
     return scenario.replace(",", "-").replace(":", "-").replace("@", "-")
 
 
+def adaptive_arm(rule: str) -> str:
+    """The arm of ``--lr-rule rule``: ``adaptive`` for the default (sqrt-gain, Adam's)."""
+    return "adaptive" if rule == "sqrt-gain" else f"adaptive-{rule}"
+
+
 def arm_args(arm: str) -> list[str]:
-    if arm == "adaptive":
+    if arm.startswith("adaptive"):
+        rule = arm[len("adaptive-"):]
         return ["-B", str(B0), "--lr", str(LR0), "--adaptive-batch",
-                "--batch-range", f"{B0},{TOP}"]
+                "--batch-range", f"{B0},{TOP}", *(["--lr-rule", rule] if rule else [])]
     b = int(arm.split("-")[1])
     return ["-B", str(b), "--lr", f"{LR0 * math.sqrt(b / B0):.6g}"]
 
@@ -82,7 +88,7 @@ def time_to(rec: dict, target: float) -> float | None:
 
 
 def run_all(args, out: Path) -> None:
-    arms = ["adaptive", *(f"fixed-{b}" for b in args.grid)]
+    arms = [*map(adaptive_arm, args.rules), *(f"fixed-{b}" for b in args.grid)]
     data = ["--data", mnist1d_data(args.data_size, out / "data")]
     for scenario in args.scenarios:
         ranks, extra, placement = profile(scenario)
@@ -119,25 +125,28 @@ def summarize(out: Path, target: float) -> list[dict]:
 
 
 def ratios(rows: list[dict], default: str) -> list[dict]:
-    """Per scenario: adaptive's time to target over the default's and the best fixed arm's
-    (the one with the least mean time), per seed, and their mean."""
+    """Per scenario and adaptive arm: its time to target over the default's and the best
+    fixed arm's (the one with the least mean time), per seed, and their mean."""
     out = []
     for scenario in sorted({r["scenario"] for r in rows}):
         arms = {r["arm"]: r for r in rows if r["scenario"] == scenario}
-        fixed = [r for a, r in arms.items() if a != "adaptive" and r["mean_time"] is not None]
-        if "adaptive" not in arms or not fixed:
+        fixed = [r for a, r in arms.items() if a.startswith("fixed")
+                 and r["mean_time"] is not None]
+        if not fixed:
             continue
         best = min(fixed, key=lambda r: r["mean_time"])
-        ada = arms["adaptive"]["time_to_target"]
-        for name, other in (("default", arms.get(default)), ("best fixed", best)):
-            if other is None:
-                continue
-            per = [ada[s] / other["time_to_target"][s] for s in ada
-                   if ada[s] and other["time_to_target"].get(s)]
-            out.append({"scenario": scenario, "versus": f"{name} ({other['arm']})",
-                        "ratios": per, "mean_ratio": statistics.mean(per) if per else None,
-                        "accuracy_diff": arms["adaptive"]["final_accuracy"]
-                        - other["final_accuracy"]})
+        for arm in sorted(a for a in arms if a.startswith("adaptive")):
+            ada = arms[arm]["time_to_target"]
+            for name, other in (("default", arms.get(default)), ("best fixed", best)):
+                if other is None:
+                    continue
+                per = [ada[s] / other["time_to_target"][s] for s in ada
+                       if ada[s] and other["time_to_target"].get(s)]
+                out.append({"scenario": scenario, "arm": arm,
+                            "versus": f"{name} ({other['arm']})", "ratios": per,
+                            "mean_ratio": statistics.mean(per) if per else None,
+                            "accuracy_diff": arms[arm]["final_accuracy"]
+                            - other["final_accuracy"]})
     return out
 
 
@@ -149,8 +158,9 @@ def tables(rows: list[dict], paired: list[dict], target: float) -> str:
                       num(r["mean_time"], ".1f"), f"{r['probe_s']:.1f}",
                       f"{r['final_accuracy']:.3f}",
                       _batches(r["batches"].get(0))] for r in rows])
-    vs = markdown(["scenario", "adaptive vs", "time ratio per seed", "mean", "final acc diff"],
-                  [[p["scenario"], p["versus"], ", ".join(f"{x:.2f}" for x in p["ratios"]),
+    vs = markdown(["scenario", "arm", "vs", "time ratio per seed", "mean", "final acc diff"],
+                  [[p["scenario"], p.get("arm", "adaptive"), p["versus"],
+                    ", ".join(f"{x:.2f}" for x in p["ratios"]),
                     num(p["mean_ratio"], ".2f"), f"{100 * p['accuracy_diff']:+.1f} pts"]
                    for p in paired])
     return f"Target test accuracy {target}.\n\n{arms}\n\n{vs}\n"
@@ -176,7 +186,7 @@ def plot(out: Path, target: float) -> list[Path]:
         for k, arm in enumerate(arms):
             for r in (r for r in runs if r["scenario"] == scenario and r["arm"] == arm):
                 t, acc = zip(*curve(r))
-                ax.plot(t, acc, color=f"C{k}", lw=2.2 if arm == "adaptive" else 1.0,
+                ax.plot(t, acc, color=f"C{k}", lw=2.2 if arm.startswith("adaptive") else 1.0,
                         alpha=0.8, label=arm if r["seed"] == 0 else None)
         ax.axhline(target, color="grey", ls=":", lw=1)
         ax.set(xlabel="seconds of training", ylabel="test accuracy",
@@ -193,6 +203,8 @@ def main() -> None:
     ap.add_argument("--scenarios", default="1,1,2,4@1e-4;quota:1,0.25",
                     help="';'-separated: SPEEDS@UNIT (emulated) or quota:SHARES")
     ap.add_argument("--grid", default="100,200,400,800", help="fixed global batches")
+    ap.add_argument("--rules", default="sqrt-gain",
+                    help="learning-rate rules of the adaptive arms (hetgrad train --lr-rule)")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--epochs", type=int, default=20)
     ap.add_argument("--target", type=float, default=0.85)
@@ -201,6 +213,7 @@ def main() -> None:
     args = ap.parse_args()
     args.scenarios = args.scenarios.split(";")
     args.grid = [int(b) for b in args.grid.split(",")]
+    args.rules = args.rules.split(",")
     out = Path(args.dir)
     out.mkdir(parents=True, exist_ok=True)
     run_all(args, out)

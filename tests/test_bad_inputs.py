@@ -186,6 +186,8 @@ TRAIN = [
     (["--adaptive-batch", "--sparsify", "topk"], "--adaptive-batch: does nothing without "
      "--mode weighted (and without --sparsify)"),
     (["--batch-range", "32,512"], "--batch-range: does nothing without --adaptive-batch"),
+    (["--lr-rule", "sqrt-batch"], "--lr-rule: does nothing without --adaptive-batch"),
+    (["--adaptive-batch", "--lr-rule", "linear"], "--lr-rule: unknown lr rule 'linear'; choose"),
     (["--gns-every", "2"], "--gns-every: does nothing without --gns or --adaptive-batch"),
     (["--gns", "--gns-every", "0"], "--gns-every: must be >= 1, got 0"),
     (["--adaptive-batch", "-B", "96", "--batch-range", "128,512"],

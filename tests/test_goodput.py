@@ -6,8 +6,8 @@ import math
 import pytest
 
 from hetgrad.errors import ConfigError
-from hetgrad.goodput import (BatchChooser, candidates, check_range, efficiency, gain,
-                             lr_factor)
+from hetgrad.goodput import (BatchChooser, candidates, check_range, default_lr_rule, efficiency,
+                             gain, lr_factor)
 
 
 def test_efficiency_and_gain_follow_the_noise_scale():
@@ -16,8 +16,13 @@ def test_efficiency_and_gain_follow_the_noise_scale():
     # a batch far below B_noise is almost free (linear scaling), far above it worthless
     assert gain(128, 1e9, 64) == pytest.approx(2.0)
     assert gain(6400, 1.0, 64) == pytest.approx(65 / 64, rel=1e-3)
-    assert lr_factor(256, 256.0, 64, sgd=True) == pytest.approx(256 / 64 * 320 / 512)
-    assert lr_factor(256, 256.0, 64, sgd=False) == pytest.approx(math.sqrt(2.5))
+    assert lr_factor(256, 256.0, 64, default_lr_rule(sgd=True)) == \
+        pytest.approx(256 / 64 * 320 / 512)
+    assert lr_factor(256, 256.0, 64, default_lr_rule(sgd=False)) == pytest.approx(math.sqrt(2.5))
+    # the square-root rule ignores the noise scale; none leaves the rate as it is
+    assert lr_factor(256, 256.0, 64, "sqrt-batch") == pytest.approx(2.0)
+    assert lr_factor(256, 1e9, 64, "sqrt-gain") == pytest.approx(2.0, rel=1e-6)
+    assert lr_factor(256, 256.0, 64, "none") == 1.0
 
 
 def test_candidates_span_the_range_geometrically_and_hold_the_current_batch():
@@ -152,6 +157,18 @@ def test_the_batch_follows_goodput_and_the_rate_follows_the_batch(adapted):
             factor = gain(batch, row["b_noise_smoothed"], 24)
 
 
+def test_another_learning_rate_rule_is_followed(world3, tmp_path):
+    """``--lr-rule sqrt-batch``: the rate follows sqrt(B / B_0), whatever the noise scale."""
+    rec = world3.run("training:train", data="digits", global_batch=24, adaptive_batch=True,
+                     batch_range=[24, 384], lr=0.05, quiet=True, probe_steps=2, epochs=3,
+                     lr_rule="sqrt-batch", out=str(tmp_path / "r.json")).root
+    rows = rec["epochs"]
+    assert any(r.get("batch_changed") for r in rows), rows
+    for before, row in zip(rows, rows[1:]):
+        assert row["lr_factor"] == pytest.approx(math.sqrt(before["batch_next"] / 24))
+        assert row["lr"] == pytest.approx(0.05 * row["lr_factor"], rel=1e-5)
+
+
 def test_a_resumed_run_goes_on_with_the_chosen_batch_and_rate(adapted):
     first, state, resumed, again = adapted
     decided = [r for r in first["epochs"] if "batch_next" in r][-1]
@@ -186,7 +203,7 @@ def test_the_users_rate_is_back_when_an_epoch_raises():
     from hetgrad import compat
     from hetgrad.adapt import AdaptiveBatch
     optimizer = compat.keras.optimizers.SGD(0.1)
-    action = AdaptiveBatch(BatchChooser(10, 40, 10), rebalancer=None, sgd=True, verbose=False,
+    action = AdaptiveBatch(BatchChooser(10, 40, 10), rebalancer=None, lr_rule="gain", verbose=False,
                            saved={"lr_factor": 2.0})
     job = SimpleNamespace(optimizer=optimizer)
     (rate,) = action.callbacks(job)

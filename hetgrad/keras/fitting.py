@@ -14,7 +14,7 @@ from ..assembly import assemble
 from ..data.reader import as_source
 from ..emulate import from_env, parse_schedule
 from ..errors import HetgradError
-from ..goodput import check_range
+from ..goodput import LR_RULES, check_range
 from ..loop import run_epochs
 from ..partition import Plan, make_plan
 from ..run import ProbeSpec, RunSpec
@@ -31,9 +31,9 @@ def fit(model, x, y=None, *, global_batch: int, epochs: int, validation_data=Non
         drop_remainder: bool = False, checkpoint_dir: str | None = None, resume: bool = False, seed: int = 0,
         probe_steps: int = 8, callbacks: Sequence = (), verbose: int = 2, device: str = "",
         sparsify=None, step_timeout: float | None = 600.0, emulate_speeds: str | None = None,
-        emulate_unit: float = 1e-3,
-        tensorboard: str | None = None, timeline: str | None = None, gns: bool = False,
-        gns_every: int | None = None, adaptive_batch: tuple[int, int] | None = None):
+        emulate_unit: float = 1e-3, tensorboard: str | None = None, timeline: str | None = None,
+        gns: bool = False, gns_every: int | None = None,
+        adaptive_batch: tuple[int, int] | None = None, lr_rule: str | None = None):
     """Train the compiled ``model`` on ``(x, y)`` with local batches that sum to
     ``global_batch``; returns the Keras ``History``.
 
@@ -52,11 +52,12 @@ def fit(model, x, y=None, *, global_batch: int, epochs: int, validation_data=Non
     end every rank when one makes no progress that long. ``emulate_speeds`` (default
     ``HETGRAD_EMULATE_SPEEDS``), ``tensorboard``, ``timeline``, ``gns``, ``gns_every``: as
     ``hetgrad train``'s flags. ``adaptive_batch=(lo, hi)``: each epoch's global batch chosen
-    there by goodput, the learning rate (a number, for ``global_batch``) scaled with it.
+    there by goodput, the learning rate (a number, for ``global_batch``) scaled with it by
+    ``lr_rule`` (``hetgrad train --lr-rule``; default: by optimizer).
     """
     comm = init()
     source, adaptive_batch = _checked(comm, model, x, y, global_batch, min_batch, max_batch,
-                                      adaptive_batch)
+                                      adaptive_batch, lr_rule)
     callbacks, checkpoint_dir, resume, drop_backup = from_backup(callbacks, checkpoint_dir,
                                                                  resume)
     tensorboard, timeline = _observers(comm, tensorboard, timeline)
@@ -70,11 +71,11 @@ def fit(model, x, y=None, *, global_batch: int, epochs: int, validation_data=Non
         checkpoint_dir=checkpoint_dir, resume=resume,
         identity={"seed": seed, "sparsify": asdict(sparsify) if sparsify else None,
                   "drop_remainder": drop_remainder,
-                  "adaptive_batch": list(adaptive_batch) if adaptive_batch else None},
+                  "adaptive_batch": list(adaptive_batch) if adaptive_batch else None, "lr_rule": lr_rule},
         emulation=_emulation(emulate_speeds, emulate_unit, comm.size),
         validation=validation_data, verbose=verbose, step_timeout=step_timeout, device=device,
         tensorboard=tensorboard, timeline=timeline, gns=gns, gns_every=gns_every,
-        adaptive_batch=adaptive_batch,
+        adaptive_batch=adaptive_batch, lr_rule=lr_rule,
         callbacks=[history, *callbacks, *progress_callbacks(verbose, comm.rank)]))
     if comm.rank == 0 and verbose:
         print(f"hetgrad: plan batches {run.plan.batches} (B={run.plan.global_batch}), "
@@ -87,7 +88,7 @@ def fit(model, x, y=None, *, global_batch: int, epochs: int, validation_data=Non
 
 
 def _checked(comm, model, x, y, global_batch: int, min_batch: int, max_batch,
-             adaptive_batch) -> tuple:
+             adaptive_batch, lr_rule) -> tuple:
     """The data as a source and the batch range, with the model and the plan's arguments
     checked before any work."""
     if not compat.is_compiled(model):
@@ -95,6 +96,9 @@ def _checked(comm, model, x, y, global_batch: int, min_batch: int, max_batch,
     source = as_source(x, y)
     make_plan([1.0] * comm.size, global_batch, len(source), min_batch=min_batch,
               max_batch=max_batch)
+    if lr_rule is not None and (adaptive_batch is None or lr_rule not in LR_RULES):
+        raise HetgradError(f"lr_rule={lr_rule!r}: give one of {', '.join(LR_RULES)}, with "
+                           "adaptive_batch", field="lr_rule")
     return source, (check_range(adaptive_batch, global_batch, "adaptive_batch")
                     if adaptive_batch is not None else None)
 
