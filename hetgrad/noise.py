@@ -47,13 +47,14 @@ class GradientNoise:
     Adam steps along, ``g / (sqrt(v_hat) + eps)`` (Pollux's preconditioned noise scale: Adam's
     progress per sample follows it, not the raw gradient's)."""
 
-    def __init__(self, every: int = 1, name: str = "hetgrad", when=None, precondition=None):
+    def __init__(self, every: int = 1, name: str = "hetgrad", when=None, precondition=None,
+                 gate=None):
         var = lambda name: tf.Variable(0.0, dtype=tf.float64, trainable=False,  # noqa: E731
                                        name=f"hetgrad_gns_{name}")
         self.s, self.g2, self.steps = var("s"), var("g2"), var("steps")
         self.pending = tf.Variable(tf.zeros(4), trainable=False, name="hetgrad_gns_pending")
         self.every, self.name, self.when = every, name, when   # when(): a step to measure?
-        self.precondition = precondition
+        self.precondition, self.gate = precondition, gate   # gate(): a step to count?
         self.count = tf.Variable(0, dtype=tf.int64, trainable=False, name="hetgrad_gns_count")
         self.kept = tf.Variable(False, trainable=False, name="hetgrad_gns_kept")
 
@@ -79,16 +80,20 @@ class GradientNoise:
             mine, exchanged = weighted, mean
             if self.precondition is not None:
                 mine, exchanged = self._preconditioned(mine, exchanged, variables)
-            self.pending.assign(tf.concat([self.local(mine, seeded[0], seeded[1]),
-                                           tf.reshape(squared_norm(exchanged), [1])], 0))
+            local = self.local(mine, seeded[0], seeded[1])
+            if self.gate is not None and every_step:   # held = 0: a step not counted
+                local = local * tf.cast(self.gate(), tf.float32)
+            self.pending.assign(tf.concat([local, tf.reshape(squared_norm(exchanged), [1])], 0))
             return tf.constant(True)
 
-        if self.every == 1 and self.when is None:
+        every_step = self.every == 1 and self.when is None
+        if every_step:   # no conditional: its cost per step is more than the gate's
             measure()
             return
         due = tf.equal(self.count % self.every, 0)
-        if self.when is not None:
-            due = tf.logical_and(due, self.when())
+        for test in (self.when, self.gate):
+            if test is not None:
+                due = tf.logical_and(due, test())
         self.kept.assign(tf.cond(due, measure, lambda: tf.constant(False)))
         self.count.assign_add(1)
 
@@ -149,18 +154,10 @@ def check_measurable(optimizer, field: str = "gns", every: int = 1) -> None:
     if why:
         raise HetgradError(f"the gradient noise scale is not measured {why} yet", field=field)
     precondition = compat.adam_preconditioner(optimizer)
-    agg.noise = GradientNoise(every, when=_when(optimizer, agg, sparse, precondition),
-                              precondition=precondition)
+    agg.noise = GradientNoise(
+        every, when=(lambda: agg.reducer.send_all.read_value()) if sparse else None,
+        precondition=precondition,
+        gate=(lambda: optimizer.iterations >= PRECONDITIONED_AFTER) if precondition else None)
 
 
 PRECONDITIONED_AFTER = 10   # Adam's steps before its second moment is a scale to trust
-
-
-def _when(optimizer, agg, sparse: bool, precondition):
-    """Which steps may be measured beyond every ``every``-th (None: all): a sparse exchange's
-    dense warm-up; with a preconditioner, from Adam's :data:`PRECONDITIONED_AFTER`-th step."""
-    tests = ([lambda: agg.reducer.send_all.read_value()] if sparse else []) + (
-        [lambda: optimizer.iterations >= PRECONDITIONED_AFTER] if precondition else [])
-    if not tests:
-        return None
-    return lambda: tf.reduce_all(tf.stack([test() for test in tests]))
