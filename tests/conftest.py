@@ -73,26 +73,21 @@ def read_json(path) -> dict:
 
 # modules that share a session fixture's launches (conftest's under_horovodrun)
 TOGETHER = {"test_sparsify": "test_launchers"}
-# handed out first: the longest module (~230 s on a busy machine, most of it Slurm's jobs and
-# waits), which otherwise came last and ran alone for its last ~3 minutes
-FIRST = ("test_slurm",)
 
 
 @pytest.hookimpl(tryfirst=True)   # before xdist reads the marks
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (README's ``-n 2 --dist loadgroup``) a test module runs whole on
     one worker, so its module fixtures and the session fixtures it uses start once there; the
-    modules of :data:`TOGETHER` run on the same worker; :data:`FIRST` is handed out first."""
+    modules of :data:`TOGETHER` run on the same worker (xdist hands the groups out largest
+    first, by number of tests: ``--loadscope-reorder``, its default)."""
     # xdist sets ``loadgroup`` on its workers only (where the marks are read): False on the
     # controller, without -n and without xdist
     if not config.getoption("loadgroup", False):
         return
-    def module(item) -> str:
-        return getattr(getattr(item, "module", None), "__name__", item.nodeid)
-
-    items.sort(key=lambda item: module(item) not in FIRST)   # stable: the rest keep order
     for item in items:
-        item.add_marker(pytest.mark.xdist_group(TOGETHER.get(module(item), module(item))))
+        module = getattr(getattr(item, "module", None), "__name__", item.nodeid)
+        item.add_marker(pytest.mark.xdist_group(TOGETHER.get(module, module)))
 
 
 @pytest.fixture
