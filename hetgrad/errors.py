@@ -56,8 +56,9 @@ class PeerTimeoutError(HetgradError):
 
 class AgreedError(HetgradError):
     """An error every rank knows (validation, agreed by :func:`hetgrad.runtime.agree`):
-    rank 0 prints it once and every rank exits, no abort needed. ``ranks``: where it was
-    found (all of them, or some when e.g. a file is missing on some nodes)."""
+    rank 0 prints it once and every rank exits (under mpirun: rank 0 aborts, which is faster;
+    :func:`hetgrad.runtime.fail_fast`). ``ranks``: where it was found (all of them, or some
+    when e.g. a file is missing on some nodes)."""
 
     def __init__(self, message: str, *, field: str | None, ranks: list[int], size: int):
         self.ranks = list(ranks)

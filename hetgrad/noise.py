@@ -55,13 +55,14 @@ class GradientNoise:
         self.pending = tf.Variable(tf.zeros(4), trainable=False, name="hetgrad_gns_pending")
         self.every, self.name, self.when = every, name, when   # when(): a step to measure?
         self.precondition, self.gate = precondition, gate   # gate(): a step to count?
+        self.every_step = every == 1 and when is None   # measured without a conditional
         self.count = tf.Variable(0, dtype=tf.int64, trainable=False, name="hetgrad_gns_count")
         self.kept = tf.Variable(False, trainable=False, name="hetgrad_gns_kept")
 
     def step(self) -> None:
         """Before this step's exchange: send the last step's numbers, if it was measured, and
         add its estimates (nothing here waits for this step's gradients)."""
-        if self.every == 1 and self.when is None:
+        if self.every_step:
             self._send()
         else:   # every rank counts the same steps: all take the same branch
             tf.cond(self.kept, self._send, lambda: tf.constant(False))
@@ -80,14 +81,14 @@ class GradientNoise:
             mine, exchanged = weighted, mean
             if self.precondition is not None:
                 mine, exchanged = self._preconditioned(mine, exchanged, variables)
-            local = self.local(mine, seeded[0], seeded[1])
-            if self.gate is not None and every_step:   # held = 0: a step not counted
-                local = local * tf.cast(self.gate(), tf.float32)
-            self.pending.assign(tf.concat([local, tf.reshape(squared_norm(exchanged), [1])], 0))
+            values = tf.concat([self.local(mine, seeded[0], seeded[1]),
+                                tf.reshape(squared_norm(exchanged), [1])], 0)
+            if self.gate is not None and self.every_step:   # held = 0: a step not counted
+                values = tf.where(self.gate(), values, tf.zeros_like(values))
+            self.pending.assign(values)
             return tf.constant(True)
 
-        every_step = self.every == 1 and self.when is None
-        if every_step:   # no conditional: its cost per step is more than the gate's
+        if self.every_step:
             measure()
             return
         due = tf.equal(self.count % self.every, 0)
@@ -119,10 +120,11 @@ class GradientNoise:
         sum_bn, total, held = summed[0], summed[1], summed[2]
         s = tf.math.divide_no_nan(sum_bn - total * n, held - 1.0)
         g2 = n - tf.math.divide_no_nan(s, total)
-        ok = tf.cast(held >= 2.0, tf.float64)
-        self.s.assign_add(ok * tf.cast(s, tf.float64))
-        self.g2.assign_add(ok * tf.cast(g2, tf.float64))
-        self.steps.assign_add(ok)
+        ok = held >= 2.0
+        none = tf.constant(0.0, tf.float64)
+        self.s.assign_add(tf.where(ok, tf.cast(s, tf.float64), none))
+        self.g2.assign_add(tf.where(ok, tf.cast(g2, tf.float64), none))
+        self.steps.assign_add(tf.cast(ok, tf.float64))
 
     def take(self) -> tuple[float, float, int]:
         """The epoch's mean ``S``, mean ``|G|^2`` and its steps measured; the sums restart."""

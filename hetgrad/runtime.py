@@ -96,7 +96,9 @@ def fail_fast(flags: dict[str, str] | None = None):
     """Turn any error on any rank into a one-line message naming the rank, then end all ranks.
 
     A rank that fails alone would leave the others blocked in a collective, so with more than
-    one rank we call ``MPI_Abort``; exit code 2 for user errors, 1 otherwise. ``flags`` maps
+    one rank we call ``MPI_Abort``; exit code 2 for user errors, 1 otherwise. An error every
+    rank raised (:class:`AgreedError`) is printed by rank 0 only; every rank exits, or under
+    Open MPI's mpirun rank 0 aborts (mpirun ends ranks that exit non-zero 2 s later). ``flags`` maps
     a setting to the flag shown for it (see :meth:`HetgradError.render`). An error another
     rank reports (``reported_elsewhere``) waits :data:`GRACE_S` for that rank's abort first;
     that rank waits :data:`PEERS_S` before it, for the others to reach their error.
@@ -116,8 +118,8 @@ def fail_fast(flags: dict[str, str] | None = None):
         if isinstance(exc, AgreedError):  # every rank raised it: no rank is left waiting
             if rank == 0:
                 print(f"hetgrad: error: {exc.render(flags)}", file=sys.stderr, flush=True)
-            if size > 1 and mpirun_launch():   # 0.3 s instead of mpirun's 2 s teardown
-                _abort_from_rank0(rank, code)
+            if size > 1 and mpirun_launch() and not gloo_launch():   # not mpirun's 2 s
+                _abort_from_rank0(rank, code)                       # teardown: 0.3 s
             sys.exit(code)
         if size > 1 and getattr(exc, "reported_elsewhere", False):
             quiet_on_sigterm()
@@ -136,10 +138,15 @@ def fail_fast(flags: dict[str, str] | None = None):
 
 def _abort_from_rank0(rank: int, code: int) -> None:
     """End an agreed error's job through rank 0's ``MPI_Abort`` (its banner replaces mpirun's
-    non-zero-exit one); the other ranks wait for it, quietly."""
+    non-zero-exit one) once every rank is quiet on SIGTERM; the others wait for it."""
+    quiet_on_sigterm()
+    if _WORLD is not None:
+        _WORLD.barrier()
+    else:
+        from mpi4py import MPI
+        MPI.COMM_WORLD.Barrier()
     if rank == 0:
         abort(code)
-    quiet_on_sigterm()
     time.sleep(GRACE_S)
 
 

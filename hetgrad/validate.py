@@ -15,6 +15,7 @@ from .checkpoint import checked_state
 from .config import SETTINGS, TrainConfig
 from .emulate import parse_schedule
 from .errors import ConfigError, InputFileError
+from .goodput import default_lr_rule
 from .planning import choose_plan
 from .runtime import agree, control
 from .targets import kind_of
@@ -155,8 +156,12 @@ def _shown(value) -> str:
 
 
 def job_identity(cfg: TrainConfig) -> dict:
-    """What a checkpoint remembers of its job, for :func:`check_resume`."""
-    return {name: getattr(cfg, name) for name in RESUMED_AS_SAVED}
+    """What a checkpoint remembers of its job, for :func:`check_resume` (the learning-rate
+    rule as in effect: a default and its name resume alike)."""
+    identity = {name: getattr(cfg, name) for name in RESUMED_AS_SAVED}
+    if cfg.adaptive_batch:
+        identity["lr_rule"] = cfg.lr_rule or default_lr_rule(cfg.optimizer == "sgd")
+    return identity
 
 
 def check_train(cfg: TrainConfig, rank: int, world_size: int) -> tuple:

@@ -269,7 +269,7 @@ def check_refused(p: subprocess.CompletedProcess, needle: str, elapsed: float,
     assert p.returncode == 2, err[-2000:]
     errors = [line for line in err.splitlines() if line.startswith("hetgrad: error")]
     assert len(errors) == 1 and needle in errors[0], err[-2000:]
-    assert "Traceback" not in err and aborts(err) == int(aborted), err[-2000:]
+    assert "Traceback" not in err and (aborts(err) > 0) == aborted, err[-2000:]
     assert "hetgrad: probe" not in p.stdout + err   # refused before any probe
     assert elapsed < 40, elapsed
 

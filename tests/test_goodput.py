@@ -220,3 +220,43 @@ def test_one_rank_is_refused_before_tensorflow():
         check_flags(TrainConfig(adaptive_batch=True), world_size=1)
     assert err.value.field == "adaptive_batch"
     check_flags(TrainConfig(adaptive_batch=True), world_size=2)
+
+
+def test_the_rule_in_effect_is_what_a_resume_compares():
+    """A default rule and its name resume alike; another rule is refused, naming the flag."""
+    from hetgrad.config import TrainConfig
+    from hetgrad.errors import InputFileError
+    from hetgrad.validate import check_resumed, job_identity
+    sgd = job_identity(TrainConfig(adaptive_batch=True))
+    assert sgd["lr_rule"] == "gain" == job_identity(
+        TrainConfig(adaptive_batch=True, lr_rule="gain"))["lr_rule"]
+    assert job_identity(TrainConfig(adaptive_batch=True, optimizer="adam"))["lr_rule"] == \
+        "sqrt-gain"
+    state = {"plan": {"global_batch": 96, "dataset_size": 1437}, "epoch": 1, "job": sgd}
+    check_resumed(state, "ck", sgd, global_batch=96, n_train=1437, epochs=2,
+                  batch_range=(96, 1536))
+    other = job_identity(TrainConfig(adaptive_batch=True, lr_rule="sqrt-batch"))
+    with pytest.raises(InputFileError) as err:
+        check_resumed(state, "ck", other, global_batch=96, n_train=1437, epochs=2,
+                      batch_range=(96, 1536))
+    assert err.value.field == "lr_rule" and "'gain'" in str(err.value)
+
+
+def test_hk_fit_checks_its_rule_before_any_work():
+    import numpy as np
+
+    from hetgrad import compat
+    from hetgrad.comm import LocalComm
+    from hetgrad.errors import HetgradError
+    from hetgrad.keras.fitting import _checked
+    model = compat.keras.Sequential([compat.keras.Input((3,)), compat.keras.layers.Dense(2)])
+    model.compile(optimizer=compat.keras.optimizers.Adam(0.01), loss="mse")
+    x, y = np.zeros((40, 3), np.float32), np.zeros((40, 2), np.float32)
+    args = (LocalComm(), model, x, y, 8, 1, None)
+    assert _checked(*args, (8, 32), None)[1:] == ((8, 32), "sqrt-gain")
+    assert _checked(*args, (8, 32), "none")[2] == "none"
+    for adaptive, rule, says in [((8, 32), "linear", "unknown lr rule 'linear'"),
+                                 (None, "gain", "does nothing without adaptive_batch")]:
+        with pytest.raises(HetgradError) as err:
+            _checked(*args, adaptive, rule)
+        assert err.value.field == "lr_rule" and says in str(err.value)

@@ -14,7 +14,8 @@ from ..assembly import assemble
 from ..data.reader import as_source
 from ..emulate import from_env, parse_schedule
 from ..errors import HetgradError
-from ..goodput import LR_RULES, check_range
+from ..config import check_value
+from ..goodput import check_range, default_lr_rule
 from ..loop import run_epochs
 from ..partition import Plan, make_plan
 from ..run import ProbeSpec, RunSpec
@@ -56,8 +57,8 @@ def fit(model, x, y=None, *, global_batch: int, epochs: int, validation_data=Non
     ``lr_rule`` (``hetgrad train --lr-rule``; default: by optimizer).
     """
     comm = init()
-    source, adaptive_batch = _checked(comm, model, x, y, global_batch, min_batch, max_batch,
-                                      adaptive_batch, lr_rule)
+    source, adaptive_batch, lr_rule = _checked(comm, model, x, y, global_batch, min_batch,
+                                               max_batch, adaptive_batch, lr_rule)
     callbacks, checkpoint_dir, resume, drop_backup = from_backup(callbacks, checkpoint_dir,
                                                                  resume)
     tensorboard, timeline = _observers(comm, tensorboard, timeline)
@@ -71,7 +72,7 @@ def fit(model, x, y=None, *, global_batch: int, epochs: int, validation_data=Non
         checkpoint_dir=checkpoint_dir, resume=resume,
         identity={"seed": seed, "sparsify": asdict(sparsify) if sparsify else None,
                   "drop_remainder": drop_remainder,
-                  "adaptive_batch": list(adaptive_batch) if adaptive_batch else None, "lr_rule": lr_rule},
+                  "adaptive_batch": adaptive_batch and list(adaptive_batch), "lr_rule": lr_rule},
         emulation=_emulation(emulate_speeds, emulate_unit, comm.size),
         validation=validation_data, verbose=verbose, step_timeout=step_timeout, device=device,
         tensorboard=tensorboard, timeline=timeline, gns=gns, gns_every=gns_every,
@@ -89,18 +90,20 @@ def fit(model, x, y=None, *, global_batch: int, epochs: int, validation_data=Non
 
 def _checked(comm, model, x, y, global_batch: int, min_batch: int, max_batch,
              adaptive_batch, lr_rule) -> tuple:
-    """The data as a source and the batch range, with the model and the plan's arguments
-    checked before any work."""
+    """The data as a source, the batch range and the learning-rate rule in effect (None
+    without an adaptive batch), with the model and the plan's arguments checked first."""
     if not compat.is_compiled(model):
         raise HetgradError("compile the model (optimizer and loss) before hk.fit", field="model")
     source = as_source(x, y)
     make_plan([1.0] * comm.size, global_batch, len(source), min_batch=min_batch,
               max_batch=max_batch)
-    if lr_rule is not None and (adaptive_batch is None or lr_rule not in LR_RULES):
-        raise HetgradError(f"lr_rule={lr_rule!r}: give one of {', '.join(LR_RULES)}, with "
-                           "adaptive_batch", field="lr_rule")
-    return source, (check_range(adaptive_batch, global_batch, "adaptive_batch")
-                    if adaptive_batch is not None else None)
+    check_value("lr_rule", lr_rule)
+    if adaptive_batch is None:
+        if lr_rule is not None:
+            raise HetgradError("does nothing without adaptive_batch", field="lr_rule")
+        return source, None, None
+    return (source, check_range(adaptive_batch, global_batch, "adaptive_batch"),
+            lr_rule or default_lr_rule(compat.is_sgd(model.optimizer)))
 
 
 def _observers(comm, tensorboard: str | None, timeline: str | None) -> tuple:
