@@ -264,12 +264,13 @@ def snapshot(root: Path) -> dict:
 
 def check_refused(p: subprocess.CompletedProcess, needle: str, elapsed: float,
                   aborted: bool = False) -> None:
-    """Exit 2 with one error line holding ``needle`` (and, ``aborted``, one MPI_Abort)."""
+    """Exit 2 with one error line holding ``needle``; no MPI_Abort unless ``aborted`` (whose
+    box Open MPI may print, garble or lose: not asserted)."""
     err = p.stderr
     assert p.returncode == 2, err[-2000:]
     errors = [line for line in err.splitlines() if line.startswith("hetgrad: error")]
     assert len(errors) == 1 and needle in errors[0], err[-2000:]
-    assert "Traceback" not in err and (aborts(err) > 0) == aborted, err[-2000:]
+    assert "Traceback" not in err and (aborted or not aborts(err)), err[-2000:]
     assert "hetgrad: probe" not in p.stdout + err   # refused before any probe
     assert elapsed < 40, elapsed
 
@@ -278,7 +279,7 @@ def aborts(err: str) -> int:
     """MPI_Abort calls in an Open MPI job's stderr: its box, or (a race in Open MPI's abort
     path, on a busy machine) an ORTE_ERROR_LOG line from show_help.c in its place."""
     return err.count("MPI_ABORT was invoked") + len(
-        re.findall(r"ORTE_ERROR_LOG: .* show_help\.c", err))
+        re.findall(r"ORTE_ERROR_LOG: .*show_help\.c", err))
 
 
 def needs_tensorflow(args: list[str]) -> bool:
@@ -332,7 +333,7 @@ def test_bad_input_is_refused_in_one_line(d, outcomes, kind, args, needle):
 
 def test_same_error_on_every_rank_is_printed_once_and_ends_the_job_at_once(d, tmp_path):
     """Under mpirun rank 0 ends the job with MPI_Abort: not through ranks exiting non-zero,
-    which mpirun ends 2 s later ("Primary job terminated normally, but ...")."""
+    which mpirun ends 2 s later, saying "Primary job terminated normally, but ..."."""
     t0 = time.monotonic()
     p = hetgrad_mpi(3, ["train", "--global-batch", "5000", "--out", str(tmp_path / "r.json")],
                     timeout=120)
