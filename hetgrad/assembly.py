@@ -22,7 +22,7 @@ from .actions import (Balance, Checkpointing, Emulation, Evaluation, Sparse, Use
                       Watchdog)
 from .checkpoint import Checkpointer, checked_state
 from .errors import HetgradError
-from .goodput import BatchChooser, default_lr_rule
+from .goodput import BatchChooser
 from .partition import Plan, make_plan
 from .perfmodel import probe_batches
 from .probe import ProbeResult
@@ -227,8 +227,7 @@ def _actions(spec: RunSpec, comm, probed: list[ProbeResult], checkpointer,
         Checkpointing: Checkpointing(checkpointer),
         Noise: Noise() if spec.gns or spec.adaptive_batch else None,
         AdaptiveBatch: AdaptiveBatch(BatchChooser(*spec.adaptive_batch, spec.global_batch),
-                                     rebalancer, spec.lr_rule or default_lr_rule(
-                                         compat.is_sgd(spec.model.optimizer)), verbose,
+                                     rebalancer, spec.lr_rule, verbose,
                                      (state or {}).get("adaptive"))
         if spec.adaptive_batch else None,
         Scalars: Scalars(spec.tensorboard, rebalancer) if spec.tensorboard else None,

@@ -74,7 +74,8 @@ class RunSpec:
     gns: bool = False                          # measure the gradient noise scale
     gns_every: int | None = None               # in every N-th step (4; adaptive: 1)
     adaptive_batch: tuple[int, int] | None = None   # choose the global batch in this range
-    lr_rule: str | None = None                 # how the rate follows it (goodput.LR_RULES)
+    lr_rule: str | None = None                 # how the rate follows it (goodput.LR_RULES;
+                                               # given with adaptive_batch)
 
 
 @dataclass

@@ -98,8 +98,8 @@ def fail_fast(flags: dict[str, str] | None = None):
     A rank that fails alone would leave the others blocked in a collective, so with more than
     one rank we call ``MPI_Abort``; exit code 2 for user errors, 1 otherwise. An error every
     rank raised (:class:`AgreedError`) is printed by rank 0 only; every rank exits, or under
-    Open MPI's mpirun rank 0 aborts (mpirun ends ranks that exit non-zero 2 s later). ``flags`` maps
-    a setting to the flag shown for it (see :meth:`HetgradError.render`). An error another
+    Open MPI's mpirun rank 0 aborts (mpirun ends ranks that exit non-zero 2 s later).
+    ``flags`` maps a setting to the flag shown for it (see :meth:`HetgradError.render`). An error another
     rank reports (``reported_elsewhere``) waits :data:`GRACE_S` for that rank's abort first;
     that rank waits :data:`PEERS_S` before it, for the others to reach their error.
     """
@@ -140,11 +140,7 @@ def _abort_from_rank0(rank: int, code: int) -> None:
     """End an agreed error's job through rank 0's ``MPI_Abort`` (its banner replaces mpirun's
     non-zero-exit one) once every rank is quiet on SIGTERM; the others wait for it."""
     quiet_on_sigterm()
-    if _WORLD is not None:
-        _WORLD.barrier()
-    else:
-        from mpi4py import MPI
-        MPI.COMM_WORLD.Barrier()
+    (_WORLD or MPIComm()).barrier()
     if rank == 0:
         abort(code)
     time.sleep(GRACE_S)

@@ -25,7 +25,7 @@ from .record import build_record, save_record, sparse_bytes
 from .run import ProbeSpec, Run, RunSpec
 from .runtime import agree, configure_tf, init
 from .targets import kind_of, metric
-from .validate import Checked, check_model, checked_train, job_identity
+from .validate import Checked, check_model, checked_train, job_identity, lr_rule_in_effect
 from .watchdog import stall_check
 
 
@@ -64,7 +64,7 @@ def spec_of(checked: Checked) -> RunSpec:
         device=device, tensorboard=cfg.tensorboard, timeline=cfg.timeline,
         timeline_steps=cfg.timeline_steps, timeline_window=cfg.timeline_window, gns=cfg.gns,
         gns_every=cfg.gns_every, adaptive_batch=tuple(cfg.batch_range or cfg.default_range())
-        if cfg.adaptive_batch else None, lr_rule=cfg.lr_rule)
+        if cfg.adaptive_batch else None, lr_rule=lr_rule_in_effect(cfg))
 
 
 def _started(cfg: TrainConfig):

@@ -158,10 +158,15 @@ def _shown(value) -> str:
 def job_identity(cfg: TrainConfig) -> dict:
     """What a checkpoint remembers of its job, for :func:`check_resume` (the learning-rate
     rule as in effect: a default and its name resume alike)."""
-    identity = {name: getattr(cfg, name) for name in RESUMED_AS_SAVED}
-    if cfg.adaptive_batch:
-        identity["lr_rule"] = cfg.lr_rule or default_lr_rule(cfg.optimizer == "sgd")
-    return identity
+    return {**{name: getattr(cfg, name) for name in RESUMED_AS_SAVED},
+            "lr_rule": lr_rule_in_effect(cfg)}
+
+
+def lr_rule_in_effect(cfg: TrainConfig) -> str | None:
+    """``--lr-rule``, or its default for ``--optimizer`` (None without an adaptive batch)."""
+    if not cfg.adaptive_batch:
+        return None
+    return cfg.lr_rule or default_lr_rule(cfg.optimizer == "sgd")
 
 
 def check_train(cfg: TrainConfig, rank: int, world_size: int) -> tuple:
@@ -233,5 +238,5 @@ def checked_probe(cfg: TrainConfig) -> Checked:
 
 
 __all__ = ["check_train", "check_probe", "check_flags", "check_writable", "check_resume",
-           "check_checkpoint_dir", "check_model", "job_identity", "Checked", "checked_train",
-           "checked_probe"]
+           "check_checkpoint_dir", "check_model", "job_identity", "lr_rule_in_effect", "Checked",
+           "checked_train", "checked_probe"]
