@@ -145,36 +145,42 @@ def optimizer_variables(optimizer) -> list:
     return list(v() if callable(v) else v)
 
 
-def adam_preconditioner(optimizer):
-    """For an Adam or AdamW of any flavour: ``scales(variables, grads)``, each variable's
-    entries of the step Adam takes per unit (bias-corrected) first moment in the step that
-    applies ``grads`` (dense): ``sqrt(1 - beta_2^t) / (sqrt(v) + eps)``, ``v`` the second
-    moment with ``grads`` taken in (Keras adds ``eps`` before the bias correction). None for
-    any other optimizer, and for AMSGrad (it divides by the largest ``v`` seen). Its slots
-    must exist."""
+def adam_preconditioner(optimizer) -> "AdamScales | None":
+    """For an Adam or AdamW of any flavour its :class:`AdamScales`; None for any other
+    optimizer, and for AMSGrad (it divides by the largest ``v`` seen)."""
     if (not any(c.__name__ in ("Adam", "AdamW") for c in type(optimizer).__mro__)
             or getattr(optimizer, "amsgrad", False)):
         return None
-    kind = optimizer_kind(optimizer)
+    return AdamScales(optimizer)
 
-    def second_moment(variable):
-        if kind == "legacy":
-            return optimizer.get_slot(variable, "v")
-        index = (optimizer._index_dict[optimizer._var_key(variable)] if kind == "keras2"
-                 else optimizer._get_variable_index(variable))
-        return optimizer._velocities[index]
 
-    def scales(variables, grads) -> list:
-        beta_2 = tf.cast(optimizer._get_hyper("beta_2") if kind == "legacy"
-                         else optimizer.beta_2, tf.float32)
-        t = tf.cast(optimizer.iterations, tf.float32) + 1.0
-        corrected = tf.sqrt(1.0 - tf.pow(beta_2, t))
-        out = []
-        for v, g in zip(variables, grads):
-            v_next = beta_2 * tf.cast(second_moment(v), tf.float32) + (1.0 - beta_2) * g * g
-            out.append(corrected / (tf.sqrt(v_next) + optimizer.epsilon))
-        return out
-    return scales
+class AdamScales:
+    """Adam's per-entry step per unit (bias-corrected) first moment in the step that applies
+    a (dense) gradient ``g``: ``sqrt(1 - beta_2^t) / (sqrt(v) + eps)``, ``v`` the second moment
+    with ``g`` taken in (Keras adds ``eps`` before the bias correction). Its slots must exist."""
+
+    def __init__(self, optimizer):
+        self.optimizer, self.kind = optimizer, optimizer_kind(optimizer)
+
+    def moment(self, variable) -> tf.Tensor:
+        """``variable``'s second moment ``v`` before this step (float32)."""
+        opt = self.optimizer
+        if self.kind == "legacy":
+            v = opt.get_slot(variable, "v")
+        else:
+            v = opt._velocities[opt._index_dict[opt._var_key(variable)] if self.kind == "keras2"
+                                else opt._get_variable_index(variable)]
+        return tf.cast(v, tf.float32)
+
+    def __call__(self, moments: list, grads: list) -> list:
+        """The scales for ``grads`` given their variables' ``moments`` (or the same entries
+        of both: a block of each)."""
+        opt = self.optimizer
+        beta_2 = tf.cast(opt._get_hyper("beta_2") if self.kind == "legacy" else opt.beta_2,
+                         tf.float32)
+        corrected = tf.sqrt(1.0 - tf.pow(beta_2, tf.cast(opt.iterations, tf.float32) + 1.0))
+        return [corrected / (tf.sqrt(beta_2 * v + (1.0 - beta_2) * g * g) + opt.epsilon)
+                for v, g in zip(moments, grads)]
 
 
 def learning_rate(optimizer) -> float:

@@ -3,29 +3,35 @@
 Each rank keeps ``[b_i n_i, b_i, 1, n]`` of its step (``n_i = |g_i|^2`` of its own mean
 gradient, read off the weighted gradients it sends: ``w_i g_i``, or ``b_i g_i`` when the
 count is fused; ``n = |g|^2`` of the exchanged mean) and sends the first three in the *next*
-step's exchange, in an allreduce of their own that waits for nothing, so it rides an early
-cycle of Horovod's (sent in the same step, after the last gradient, it cost a cycle more:
-docs/results.md); then every rank adds that step's ``S`` and ``|G|^2`` to the epoch's sums
-(the same numbers on every rank). A rank with no sample sends zeros. The last step of a run
-is not counted. With ``every > 1`` only every ``every``-th step is measured (its cost is a
-read of every gradient: docs/results.md); with a sparse exchange only its dense warm-up steps
-(``when``), where the exchanged sum is the mean gradient itself. Measured on the dense exchange of
+step's exchange: riding the gradients' own allreduce (a dense exchange, as the sample count
+does), else in an allreduce of their own before it (a sparse one's dense warm-up steps; on a
+dense exchange that cost 4-6 % of a 9 ms step at 1.1 M parameters: docs/results.md); then
+every rank adds that step's ``S`` and ``|G|^2`` to the epoch's sums (the same numbers on
+every rank). A rank with no sample sends zeros. The last step of a run
+is not counted. A measured step reads a block of 1/16 of each large gradient (:class:`Blocks`:
+unbiased, at a 16th of the reads); with ``every > 1`` only every ``every``-th step is
+measured; with a sparse exchange only its dense warm-up steps (``when``), where the exchanged
+sum is the mean gradient itself. Measured on the dense exchange of
 one backward pass per step without a loss scale; :func:`check_measurable` refuses the rest.
 """
 from __future__ import annotations
+
+import math
 
 import tensorflow as tf
 
 from .errors import HetgradError
 
 
-def squared_norm(grads: list) -> tf.Tensor:
-    """``sum |g|^2`` over the tensors (an ``IndexedSlices``' repeated rows summed first)."""
+def squared_norm(grads: list, counts: list | None = None) -> tf.Tensor:
+    """``sum_k c_k |g_k|^2`` over the tensors (``c_k`` = ``counts[k]``, or 1; an
+    ``IndexedSlices``' repeated rows summed first)."""
     total = tf.constant(0.0, tf.float32)
-    for g in grads:
+    for k, g in enumerate(grads):
         if g is None:
             continue
-        total += 2.0 * tf.nn.l2_loss(dense([g])[0])   # one kernel, no temporary
+        sq = 2.0 * tf.nn.l2_loss(dense([g])[0])   # one kernel, no temporary
+        total += sq if counts is None or counts[k] == 1 else counts[k] * sq
     return total
 
 
@@ -41,6 +47,46 @@ def preconditioned(grads: list, scales: list) -> list:
     return [None if g is None else g * s for g, s in zip(grads, scales)]
 
 
+ALIGN = 16          # entries: a block begins on 64 bytes, so slicing it copies nothing
+READ_WHOLE = 16384  # a gradient of up to this many entries is read whole in a measured step
+BLOCKS = 16         # a larger one: one block of 1/BLOCKS of its entries
+
+
+class Blocks:
+    """Which entries of each gradient a measured step reads: all of a small one; of a larger
+    one (over ``whole`` entries), one of ``blocks`` contiguous blocks of its flattened entries,
+    drawn anew each step (from the step count: the same on every rank) and independently per
+    gradient, its squares counted ``blocks`` times. Every entry is read with probability
+    ``1/blocks``, so the sums of squares stay unbiased at ``1/blocks`` of the reads."""
+
+    def __init__(self, blocks: int = BLOCKS, whole: int = READ_WHOLE):
+        self.blocks, self.whole = blocks, whole
+
+    def layout(self, entries: int | None) -> tuple[int | None, int]:
+        """``(length, count)`` of the blocks of a tensor of ``entries``; count 1: read whole."""
+        if entries is None or entries <= self.whole or self.blocks <= 1:
+            return entries, 1
+        length = math.ceil(entries / self.blocks / ALIGN) * ALIGN
+        return length, math.ceil(entries / length)
+
+    def draw(self, shapes: list, step: tf.Tensor) -> list[tuple]:
+        """Per gradient of ``shapes``: ``(cut, count)``, ``cut(t)`` this step's block of a
+        tensor of that shape (flattened) and ``count`` what its squares count for."""
+        out = []
+        for k, shape in enumerate(shapes):
+            entries = tf.TensorShape(shape).num_elements()
+            length, count = self.layout(entries)
+            if count == 1:
+                out.append((lambda t: t, 1))
+                continue
+            j = tf.random.stateless_uniform([], tf.stack([step, tf.constant(k, tf.int64)]), 0,
+                                            count, tf.int64, alg="philox")
+            begin = tf.reshape(j * length, [1])
+            size = tf.minimum(tf.constant([length], tf.int64), entries - begin)
+            out.append((lambda t, b=begin, n=size: tf.slice(tf.reshape(t, [-1]), b, n), count))
+        return out
+
+
 class GradientNoise:
     """The per-step estimates of ``S`` and ``|G|^2`` summed over an epoch, in variables;
     with ``precondition`` (:func:`hetgrad.compat.adam_preconditioner`) those of the gradient
@@ -48,69 +94,82 @@ class GradientNoise:
     progress per sample follows it, not the raw gradient's)."""
 
     def __init__(self, every: int = 1, name: str = "hetgrad", when=None, precondition=None,
-                 gate=None):
-        var = lambda name: tf.Variable(0.0, dtype=tf.float64, trainable=False,  # noqa: E731
-                                       name=f"hetgrad_gns_{name}")
-        self.s, self.g2, self.steps = var("s"), var("g2"), var("steps")
+                 gate=None, blocks: Blocks | None = None):
+        # the epoch's sums of S and |G|^2 and its steps counted
+        self.sums = tf.Variable(tf.zeros(3, tf.float64), trainable=False, name="hetgrad_gns_sums")
         self.pending = tf.Variable(tf.zeros(4), trainable=False, name="hetgrad_gns_pending")
         self.every, self.name, self.when = every, name, when   # when(): a step to measure?
+        self.blocks = blocks or Blocks()
         self.precondition, self.gate = precondition, gate   # gate(): a step to count?
         self.every_step = every == 1 and when is None   # measured without a conditional
         self.count = tf.Variable(0, dtype=tf.int64, trainable=False, name="hetgrad_gns_count")
         self.kept = tf.Variable(False, trainable=False, name="hetgrad_gns_kept")
 
-    def step(self) -> None:
-        """Before this step's exchange: send the last step's numbers, if it was measured, and
-        add its estimates (nothing here waits for this step's gradients)."""
-        if self.every_step:
-            self._send()
-        else:   # every rank counts the same steps: all take the same branch
-            tf.cond(self.kept, self._send, lambda: tf.constant(False))
+    def outgoing(self) -> tf.Tensor:
+        """The last step's ``[b_i n_i, b_i, held]``, to be summed over the ranks (zeros if it
+        was not measured)."""
+        return self.pending[:3]
 
-    def _send(self) -> tf.Tensor:
+    def received(self, summed: tf.Tensor) -> None:
+        """Their sums over the ranks: the last step's estimates added."""
+        self.add(summed, self.pending[3])
+
+    def step(self) -> None:
+        """For an exchange that carries no numbers of its own (:meth:`outgoing` rides a dense
+        one): before this step's exchange, the last step's numbers in an allreduce of their
+        own, if it was measured (every rank knows the same steps measured)."""
         import horovod.tensorflow as hvd
-        last = self.pending.read_value()
-        self.add(hvd.allreduce(last[:3], op=hvd.Sum, name=f"{self.name}.gns"), last[3])
-        return tf.constant(True)
+
+        def send() -> tf.Tensor:
+            self.received(hvd.allreduce(self.outgoing(), op=hvd.Sum, name=f"{self.name}.gns"))
+            return tf.constant(True)
+        if self.every_step:
+            send()
+        else:
+            tf.cond(self.kept, send, lambda: tf.constant(False))
 
     def keep(self, weighted: list, seeded: tf.Tensor, mean: list, variables=None) -> None:
         """After this step's exchange: its numbers (``seeded``: the pass's ``[w_i, b_i]``),
-        for the next step to send -- in every ``every``-th step only (the norms are a read of
-        every gradient); ``variables``: the gradients' (to precondition them)."""
-        def measure() -> tf.Tensor:
-            mine, exchanged = weighted, mean
-            if self.precondition is not None:
-                mine, exchanged = self._preconditioned(mine, exchanged, variables)
-            values = tf.concat([self.local(mine, seeded[0], seeded[1]),
-                                tf.reshape(squared_norm(exchanged), [1])], 0)
-            if self.gate is not None and self.every_step:   # held = 0: a step not counted
-                values = tf.where(self.gate(), values, tf.zeros_like(values))
-            self.pending.assign(values)
-            return tf.constant(True)
-
+        for the next step to send -- in every ``every``-th step only; ``variables``: the
+        gradients' (to precondition them)."""
         if self.every_step:
-            measure()
-            return
-        due = tf.equal(self.count % self.every, 0)
-        for test in (self.when, self.gate):
-            if test is not None:
-                due = tf.logical_and(due, test())
-        self.kept.assign(tf.cond(due, measure, lambda: tf.constant(False)))
+            self.pending.assign(self._measured(weighted, seeded, mean, variables))
+        else:
+            due = tf.equal(self.count % self.every, 0)
+            for test in (self.when, self.gate):
+                if test is not None:
+                    due = tf.logical_and(due, test())
+            self.pending.assign(tf.cond(due, lambda: self._measured(
+                weighted, seeded, mean, variables), lambda: tf.zeros(4)))
+            self.kept.assign(due)
         self.count.assign_add(1)
 
-    def _preconditioned(self, weighted: list, mean: list, variables) -> tuple[list, list]:
-        """Both times Adam's per-entry step scales of this step (its ``v`` with the mean
-        gradient taken in: a rank's ``|g_i|`` over it stays bounded)."""
-        weighted, mean = dense(weighted), dense(mean)
-        scales = self.precondition(variables, [tf.zeros(v.shape, tf.float32) if g is None
-                                               else g for v, g in zip(variables, mean)])
-        return preconditioned(weighted, scales), preconditioned(mean, scales)
+    def _measured(self, weighted: list, seeded: tf.Tensor, mean: list, variables) -> tf.Tensor:
+        """``[b_i n_i, b_i, held, n]`` of this step, from a block of each large gradient
+        (:class:`Blocks`), preconditioned when asked; zeros in a step the gate does not count."""
+        kept = [k for k, g in enumerate(mean) if g is not None]
+        mine, exchanged = dense([weighted[k] for k in kept]), dense([mean[k] for k in kept])
+        drawn = self.blocks.draw([g.shape for g in exchanged], self.count.read_value())
+        mine = [cut(g) for (cut, _), g in zip(drawn, mine)]
+        exchanged = [cut(g) for (cut, _), g in zip(drawn, exchanged)]
+        if self.precondition is not None:   # Adam's v with the mean gradient taken in
+            moments = [cut(self.precondition.moment(variables[k]))
+                       for (cut, _), k in zip(drawn, kept)]
+            scales = self.precondition(moments, exchanged)
+            mine, exchanged = preconditioned(mine, scales), preconditioned(exchanged, scales)
+        counts = [count for _, count in drawn]
+        values = tf.concat([self.local(mine, seeded[0], seeded[1], counts),
+                            tf.reshape(squared_norm(exchanged, counts), [1])], 0)
+        if self.gate is not None and self.every_step:   # held = 0: a step not counted
+            values = tf.where(self.gate(), values, tf.zeros_like(values))
+        return values
 
-    def local(self, weighted: list, seed: tf.Tensor, batch: tf.Tensor) -> tf.Tensor:
+    def local(self, weighted: list, seed: tf.Tensor, batch: tf.Tensor,
+              counts: list | None = None) -> tf.Tensor:
         """``[b_i n_i, b_i, held]`` from this rank's gradients seeded with ``seed`` (``w_i``,
         or ``b_i`` when fused: ``n_i = |weighted|^2 / seed^2`` either way)."""
         b = tf.cast(batch, tf.float32)
-        bn = tf.math.divide_no_nan(b * squared_norm(weighted), tf.square(seed))
+        bn = tf.math.divide_no_nan(b * squared_norm(weighted, counts), tf.square(seed))
         held = tf.cast(b > 0, tf.float32)
         return tf.stack([bn * held, b, held])
 
@@ -120,19 +179,14 @@ class GradientNoise:
         sum_bn, total, held = summed[0], summed[1], summed[2]
         s = tf.math.divide_no_nan(sum_bn - total * n, held - 1.0)
         g2 = n - tf.math.divide_no_nan(s, total)
-        ok = held >= 2.0
-        none = tf.constant(0.0, tf.float64)
-        self.s.assign_add(tf.where(ok, tf.cast(s, tf.float64), none))
-        self.g2.assign_add(tf.where(ok, tf.cast(g2, tf.float64), none))
-        self.steps.assign_add(tf.cast(ok, tf.float64))
+        counted = tf.where(held >= 2.0, tf.stack([s, g2, 1.0]), tf.zeros(3))
+        self.sums.assign_add(tf.cast(counted, tf.float64))
 
     def take(self) -> tuple[float, float, int]:
         """The epoch's mean ``S``, mean ``|G|^2`` and its steps measured; the sums restart."""
-        steps = int(self.steps.numpy())
-        means = (float(self.s.numpy()) / max(steps, 1), float(self.g2.numpy()) / max(steps, 1))
-        for v in (self.s, self.g2, self.steps):
-            v.assign(0.0)
-        return (*means, steps)
+        s, g2, steps = (float(x) for x in self.sums.numpy())
+        self.sums.assign(tf.zeros(3, tf.float64))
+        return s / max(steps, 1), g2 / max(steps, 1), int(steps)
 
 
 def check_measurable(optimizer, field: str = "gns", every: int = 1) -> None:

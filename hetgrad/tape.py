@@ -7,7 +7,8 @@ from __future__ import annotations
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from .aggregate import Aggregation, DenseReducer, SampleWeight, new_step_counter
+from .aggregate import Aggregation, SampleWeight, new_step_counter
+from .reducers import DenseReducer
 from .weights import horovod_weight, make_weight
 
 

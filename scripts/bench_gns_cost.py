@@ -4,7 +4,7 @@
 batch, without ``--gns`` and with ``--gns --gns-every N`` for each N asked (with Adam the
 estimate is the preconditioned one). The arms run in a fresh random order every repeat;
 the first epoch (tracing) is left out. Writes JSON: every epoch time, per arm the median and
-its ratio to the plain arm.
+its ratio to the plain arm (``--again``: a second plain arm, the scenario's noise floor).
 
     .venv/bin/python scripts/bench_gns_cost.py --optimizer adam --out results/gns_cost/adam.json
 """
@@ -23,8 +23,11 @@ from bench.schedule import interleaved
 from bench_goodput import mnist1d_data
 
 
-def arms(everies: list[int]) -> dict[str, list[str]]:
-    return {"plain": [], **{f"gns{k}": ["--gns", "--gns-every", str(k)] for k in everies}}
+def arms(everies: list[int], again: bool = False) -> dict[str, list[str]]:
+    """``plain`` (no ``--gns``), ``plain-again`` (the same, to show the scenario's own noise
+    in the ratios) and ``gnsK`` per K."""
+    return {"plain": [], **({"plain-again": []} if again else {}),
+            **{f"gns{k}": ["--gns", "--gns-every", str(k)] for k in everies}}
 
 
 def main() -> None:
@@ -37,11 +40,13 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--data-size", type=int, default=25000)
+    ap.add_argument("--again", action="store_true",
+                    help="a second plain arm: the ratio between two identical arms")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     ranks, extra, placement = profile(args.scenario)
     data = mnist1d_data(args.data_size, Path("results/goodput/data"))
-    kinds = arms([int(k) for k in args.every.split(",")])
+    kinds = arms([int(k) for k in args.every.split(",")], args.again)
     times: dict[str, list[float]] = {k: [] for k in kinds}
     with tempfile.TemporaryDirectory() as tmp:
         for rep, arm in interleaved(list(kinds), args.repeats):

@@ -51,7 +51,7 @@ def build(kind: str, args, plan, hvd, hk, tf):
         opt = compat.horovod_keras().DistributedOptimizer(base, op=hvd.Average)
     else:
         weight, mode, *how = kind.split("-")
-        from hetgrad.aggregate import DenseReducer
+        from hetgrad.reducers import DenseReducer
         reducer = DenseReducer(grouped=how == ["grouped"])
         opt = hk.DistributedOptimizer(base, weight=WEIGHTS[weight] or 1.0 / hvd.size(),
                                       plan=plan, reducer=reducer,
@@ -101,31 +101,35 @@ def bootstrap_ci(values: list[float], reps: int = 2000, seed: int = 0) -> tuple[
     return float(np.percentile(medians, 2.5)), float(np.percentile(medians, 97.5))
 
 
-def table(paths: list[str]) -> str:
-    """Markdown: per file (size, ranks) and arm, the median ratio to Horovod, its IQR and the
-    95 % bootstrap interval of the median."""
+def table(paths: list[str], against: str = "horovod") -> str:
+    """Markdown: per file (size, ranks) and arm, the median ratio to Horovod (or, paired per
+    round, to the arm ``against``), its IQR and the 95 % bootstrap interval of the median."""
     rows = []
     for path in paths:
         with open(path) as f:
             d = json.load(f)
+        base = np.asarray(d["ratios"][against])
         for arm, ratios in d["ratios"].items():
-            if arm == "horovod":
+            if arm in ("horovod", against):
                 continue
+            ratios = list(np.asarray(ratios) / base)
             lo, hi = bootstrap_ci(ratios)
-            q1, q3 = d["ratio_iqr"][arm]
+            q1, q3 = iqr(ratios)
             rows.append([f"{d['params'] / 1e6:.1f} M", d["ranks"],
                          f"{d['rounds']} × {d['steps_per_block']}",
                          f"{1e3 * d['median_step_s']['horovod']:.1f}", arm,
-                         f"{d['ratio_median'][arm]:.3f}", f"{q1:.3f}-{q3:.3f}",
+                         f"{statistics.median(ratios):.3f}", f"{q1:.3f}-{q3:.3f}",
                          f"{lo:.3f}-{hi:.3f}"])
     return markdown(["params", "ranks", "rounds × steps", "Horovod step (ms)", "arm",
-                     "median ratio", "IQR", "95 % CI of median"], rows)
+                     f"median ratio to {against}", "IQR", "95 % CI of median"], rows)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--table", nargs="+", metavar="JSON",
                     help="print the Markdown table of these results and exit (no MPI)")
+    ap.add_argument("--against", default="horovod",
+                    help="with --table: each arm's ratio to this arm, paired per round")
     ap.add_argument("--width", type=int, default=1024)
     ap.add_argument("--batch", type=int, default=64, help="per rank")
     ap.add_argument("--rounds", type=int, default=30)
@@ -145,7 +149,7 @@ def main() -> None:
     ap.add_argument("--out")
     args = ap.parse_args()
     if args.table:
-        print(table(args.table))
+        print(table(args.table, args.against))
         return
     if not args.out:
         ap.error("--out is required (unless --table)")

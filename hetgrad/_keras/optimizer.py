@@ -11,8 +11,8 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from .. import compat
-from ..aggregate import (Aggregation, DenseReducer, FixedWeight, PlanWeight, Reducer,
-                         new_step_counter)
+from ..aggregate import Aggregation, FixedWeight, PlanWeight, new_step_counter
+from ..reducers import DenseReducer, Reducer
 from ..sparse.reducer import SparseReducer
 from ..sparse.settings import Sparsify
 from ..weights import horovod_weight, make_weight
@@ -49,7 +49,7 @@ def DistributedOptimizer(optimizer, weight=None, *, plan=None, rank: int | None 
     ``"plan"`` (the default with ``plan=``; ``rank=``, default ``hvd.rank()``) uses the plan's
     exact per-step shares, partial final step included, with no extra communication
     (:func:`set_plan` switches plans); a float is a fixed share ``b_i / B``. ``reducer``: the
-    exchange (default :class:`~hetgrad.aggregate.DenseReducer` with ``compression`` and
+    exchange (default :class:`~hetgrad.reducers.DenseReducer` with ``compression`` and
     ``sparse_as_dense``); ``sparsify`` (a policy name or a :class:`hetgrad.sparse.Sparsify`)
     makes it the in-graph top-k exchange with error feedback instead.
     ``check_finite`` (off by default, as in Horovod, and under a loss scale; ``hk.fit`` and

@@ -1,4 +1,4 @@
-"""Sparse aggregation as a :class:`~hetgrad.aggregate.Reducer` of hetgrad's
+"""Sparse aggregation as a :class:`~hetgrad.reducers.Reducer` of hetgrad's
 ``DistributedOptimizer``: it runs inside the train step, in the graph, with the dense path's
 weights, finite check and timers (the gradients arrive already weighted by ``w_i``)."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-from ..aggregate import DenseReducer, Reducer
+from ..reducers import DenseReducer, Reducer
 from ..errors import InputFileError
 from .exchange import (Layout, Outcome, gather_and_sum, leaders_choice, reduce_all, reduce_on,
                        union_of)
