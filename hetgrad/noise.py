@@ -3,16 +3,17 @@
 Each rank keeps ``[b_i n_i, b_i, 1, n]`` of its step (``n_i = |g_i|^2`` of its own mean
 gradient, read off the weighted gradients it sends: ``w_i g_i``, or ``b_i g_i`` when the
 count is fused; ``n = |g|^2`` of the exchanged mean) and sends the first three in the *next*
-step's exchange: riding the gradients' own allreduce (a dense exchange, as the sample count
-does), else in an allreduce of their own before it (a sparse one's dense warm-up steps; on a
-dense exchange that cost 4-6 % of a 9 ms step at 1.1 M parameters: docs/results.md); then
-every rank adds that step's ``S`` and ``|G|^2`` to the epoch's sums (the same numbers on
-every rank). A rank with no sample sends zeros. The last step of a run
-is not counted. A measured step reads a block of 1/16 of each large gradient (:class:`Blocks`:
-unbiased, at a 16th of the reads); with ``every > 1`` only every ``every``-th step is
-measured; with a sparse exchange only its dense warm-up steps (``when``), where the exchanged
-sum is the mean gradient itself. Measured on the dense exchange of
-one backward pass per step without a loss scale; :func:`check_measurable` refuses the rest.
+step's exchange: riding with the sample count where it is fused into the gradients'
+allreduce (``weighting samples``), else in an allreduce of their own before it that waits
+for nothing, only after a measured step (docs/results.md: what each costs); then every rank
+adds that step's ``S`` and ``|G|^2`` to the epoch's sums (the same numbers on every rank). A
+rank with no sample sends zeros. The last step of a run is not counted. A measured step
+reads one block of about 1/16 of each large gradient (:class:`Blocks`: unbiased, at a 16th
+of the reads; an embedding's ``IndexedSlices`` is made dense first); with ``every > 1`` only
+every ``every``-th step is measured; with a sparse exchange only its dense warm-up steps
+(``when``), where the exchanged sum is the mean gradient itself. Measured on the dense
+exchange of one backward pass per step without a loss scale; :func:`check_measurable`
+refuses the rest.
 """
 from __future__ import annotations
 
@@ -47,17 +48,18 @@ def preconditioned(grads: list, scales: list) -> list:
     return [None if g is None else g * s for g, s in zip(grads, scales)]
 
 
-ALIGN = 16          # entries: a block begins on 64 bytes, so slicing it copies nothing
+ALIGN = 16          # entries: a block begins on 64 bytes (TensorFlow can slice it in place)
 READ_WHOLE = 16384  # a gradient of up to this many entries is read whole in a measured step
 BLOCKS = 16         # a larger one: one block of 1/BLOCKS of its entries
 
 
 class Blocks:
     """Which entries of each gradient a measured step reads: all of a small one; of a larger
-    one (over ``whole`` entries), one of ``blocks`` contiguous blocks of its flattened entries,
-    drawn anew each step (from the step count: the same on every rank) and independently per
-    gradient, its squares counted ``blocks`` times. Every entry is read with probability
-    ``1/blocks``, so the sums of squares stay unbiased at ``1/blocks`` of the reads."""
+    one (over ``whole`` entries), one of about ``blocks`` contiguous blocks of its flattened
+    entries (:meth:`layout`: ``count`` of them, the last one shorter), drawn anew each step
+    (from the step count: the same on every rank) and independently per gradient, its squares
+    counted ``count`` times. Every entry is read with probability ``1/count``, so the sums of
+    squares stay unbiased at ``1/count`` of the reads."""
 
     def __init__(self, blocks: int = BLOCKS, whole: int = READ_WHOLE):
         self.blocks, self.whole = blocks, whole
@@ -114,10 +116,10 @@ class GradientNoise:
         """Their sums over the ranks: the last step's estimates added."""
         self.add(summed, self.pending[3])
 
-    def step(self) -> None:
-        """For an exchange that carries no numbers of its own (:meth:`outgoing` rides a dense
-        one): before this step's exchange, the last step's numbers in an allreduce of their
-        own, if it was measured (every rank knows the same steps measured)."""
+    def send_alone(self) -> None:
+        """Where no sample count rides the exchange (:meth:`outgoing` rides with it): before
+        this step's exchange, the last step's numbers in an allreduce of their own that waits
+        for nothing, if it was measured (every rank knows the same steps measured)."""
         import horovod.tensorflow as hvd
 
         def send() -> tf.Tensor:
@@ -147,14 +149,14 @@ class GradientNoise:
     def _measured(self, weighted: list, seeded: tf.Tensor, mean: list, variables) -> tf.Tensor:
         """``[b_i n_i, b_i, held, n]`` of this step, from a block of each large gradient
         (:class:`Blocks`), preconditioned when asked; zeros in a step the gate does not count."""
-        kept = [k for k, g in enumerate(mean) if g is not None]
-        mine, exchanged = dense([weighted[k] for k in kept]), dense([mean[k] for k in kept])
+        present = [k for k, g in enumerate(mean) if g is not None]
+        mine, exchanged = dense([weighted[k] for k in present]), dense([mean[k] for k in present])
         drawn = self.blocks.draw([g.shape for g in exchanged], self.count.read_value())
         mine = [cut(g) for (cut, _), g in zip(drawn, mine)]
         exchanged = [cut(g) for (cut, _), g in zip(drawn, exchanged)]
         if self.precondition is not None:   # Adam's v with the mean gradient taken in
             moments = [cut(self.precondition.moment(variables[k]))
-                       for (cut, _), k in zip(drawn, kept)]
+                       for (cut, _), k in zip(drawn, present)]
             scales = self.precondition(moments, exchanged)
             mine, exchanged = preconditioned(mine, scales), preconditioned(exchanged, scales)
         counts = [count for _, count in drawn]

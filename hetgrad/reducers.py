@@ -15,8 +15,8 @@ class Reducer:
     """Sums already weighted gradients over the ranks. Subclasses with per-rank state (e.g.
     sparse residuals) return it from :meth:`state_dict` so checkpoints keep it.
 
-    ``carries_count``: :meth:`reduce_with` sums per-rank numbers (the sample count, the
-    noise scale's, :mod:`hetgrad.noise`) in the same exchange, exactly (uncompressed).
+    ``carries_count``: :meth:`reduce_with` sums per-rank numbers (the sample count, and with
+    it the noise scale's, :mod:`hetgrad.noise`) in the same exchange, exactly (uncompressed).
     ``check_local``: the finite check must look at each rank's own gradients before the
     exchange (the default checks the exchanged sum)."""
 
@@ -64,23 +64,12 @@ class DenseReducer(Reducer):
         return self._reduce(grads, [])[0]
 
     def reduce_with(self, grads, extra):
-        # the extras travel appended to the smallest float32 gradient, in its allreduce: no
-        # tensor of their own for Horovod to negotiate (alone early in the step, or a cycle
-        # after the last gradient, each cost ~1 ms of a 9 ms step: docs/results.md)
-        host = min((i for i, g in enumerate(grads) if isinstance(g, tf.Tensor)
-                    and g.dtype == tf.float32 and g.shape.is_fully_defined()),
-                   key=lambda i: grads[i].shape.num_elements(), default=None)
-        if host is None:   # none such: the extras wait for the gradients, to fuse with them
-            ready = [g for g in grads if isinstance(g, tf.Tensor)]
-            with tf.control_dependencies(ready):
-                return self._reduce(grads, [tf.identity(e) for e in extra])
-        g = grads[host]
-        sizes = [g.shape.num_elements()] + [e.shape.num_elements() for e in extra]
-        packed = tf.concat([tf.reshape(t, [-1]) for t in (g, *extra)], 0)
-        out = self.reduce([packed if i == host else t for i, t in enumerate(grads)])
-        summed, *sums = tf.split(out[host], sizes)
-        out[host] = tf.reshape(summed, g.shape)
-        return out, sums
+        # the extras wait for the gradients, so Horovod fuses their exchange with theirs
+        # instead of negotiating it alone at the start of the step
+        ready = [g for g in grads if g is not None and not isinstance(g, tf.IndexedSlices)]
+        with tf.control_dependencies(ready):
+            extra = [tf.identity(e) for e in extra]
+        return self._reduce(grads, extra)
 
     def _reduce(self, grads: Sequence, extra: list) -> tuple[list, list]:
         out: list = list(grads)
