@@ -251,6 +251,7 @@ def measured(world3, tmp_path_factory):
                                         ("uneven", [1, 2, 4], {"weighting": "samples",
                                                                "gns_every": 1}),
                                         ("every4", [1, 2, 4], {}),
+                                        ("every4-samples", [1, 2, 4], {"weighting": "samples"}),
                                         ("sparse", [1, 1, 1], {"gns_every": 1, "sparsify": "topk",
                                                                "density_warmup": 2}),
                                         ("adam-equal", [1, 1, 1], {"gns_every": 1, **ADAM}),
@@ -298,6 +299,18 @@ def test_by_default_every_fourth_step_is_measured(measured):
     total = 3 * run["plan"]["steps_per_epoch"]
     assert sum(e["gns_steps"] for e in run["epochs"]) == (total - 2) // 4 + 1
     assert all(e["gns_noise"] > 0 and e["b_noise_smoothed"] > 0 for e in run["epochs"])
+
+
+def test_numbers_riding_with_the_count_give_what_numbers_sent_alone_do(measured):
+    """Every 4th step measured, the same split and trajectory: with counted samples the
+    numbers ride the count's sum (zeros between measured steps), with plan weights they go
+    in an allreduce of their own after measured steps only: the same steps and estimates."""
+    alone, riding = measured["every4"], measured["every4-samples"]
+    assert alone["plan"]["batches"] == riding["plan"]["batches"] == [14, 27, 55]
+    for a, b in zip(alone["epochs"], riding["epochs"]):
+        assert a["gns_steps"] == b["gns_steps"] > 0
+        assert b["gns_noise"] == pytest.approx(a["gns_noise"], rel=1e-3)
+        assert b["gns_signal"] == pytest.approx(a["gns_signal"], rel=1e-3)
 
 
 def test_a_sparse_run_measures_in_its_dense_warm_up_only(measured):
