@@ -140,7 +140,7 @@ class Aggregation:
         check_before = self.check is not None and self.reducer.check_local
         if check_before:
             grads = local_check(grads)
-        riding = self.noise is not None and self.weight.fused   # with the count, no cost
+        riding = self.noise is not None and self.weight.fused   # no message of their own
         if self.noise is not None and not riding:
             self.noise.send_alone()
         t_ready = self.timer.ready(grads) if self.timer is not None else None
