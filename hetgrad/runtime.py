@@ -99,9 +99,9 @@ def fail_fast(flags: dict[str, str] | None = None):
     one rank we call ``MPI_Abort``; exit code 2 for user errors, 1 otherwise. An error every
     rank raised (:class:`AgreedError`) is printed by rank 0 only; every rank exits, or under
     Open MPI's mpirun rank 0 aborts (mpirun ends ranks that exit non-zero 2 s later).
-    ``flags`` maps a setting to the flag shown for it (see :meth:`HetgradError.render`). An error another
-    rank reports (``reported_elsewhere``) waits :data:`GRACE_S` for that rank's abort first;
-    that rank waits :data:`PEERS_S` before it, for the others to reach their error.
+    ``flags`` maps a setting to the flag shown for it (see :meth:`HetgradError.render`). An
+    error another rank reports (``reported_elsewhere``) waits :data:`GRACE_S` for that rank's
+    abort first; that rank waits :data:`PEERS_S` before it, for the others to reach theirs.
     """
     _raise_on_signals()
     try:
