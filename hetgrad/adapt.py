@@ -6,6 +6,8 @@ learning rate the user set (for the starting batch) is multiplied by
 :func:`~hetgrad.goodput.lr_factor` during the epochs (:class:`_ScaledRate`)."""
 from __future__ import annotations
 
+import math
+
 from . import compat
 from .actions import Action
 from .compat import keras
@@ -81,7 +83,8 @@ class AdaptiveBatch(Action):
             #          a first epoch (tracing) and no step models in seconds to go by
         models = [m.model() for m in self.rebalancer.online]
         choice = self.chooser.choose(plan.global_batch, b_noise,
-                                     self._step_time(models, plan, balance, row))
+                                     self._step_time(models, plan, balance, row),
+                                     _interval(row.get("b_noise_interval")))
         # rank 0's choice for all: the measured step times are each rank's own clock
         choice = job.comm.bcast(choice if job.rank == 0 else None, root=0)
         row.update(batch_next=choice.batch, efficiency=choice.efficiency,
@@ -122,6 +125,14 @@ class AdaptiveBatch(Action):
             guess = predicted(b)
             return None if guess is None else guess * scale
         return step_s
+
+
+def _interval(recorded) -> tuple[float, float] | None:
+    """The row's ``b_noise_interval`` (its upper end None: unbounded)."""
+    if recorded is None:
+        return None
+    low, high = recorded
+    return low, math.inf if high is None else high
 
 
 def _gain(choice) -> str:

@@ -18,6 +18,7 @@ gradient's noise and signal are equal). No TensorFlow here.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -35,22 +36,66 @@ def estimate(batches: Sequence[float], local_sq_norms: Sequence[float],
 
 
 @dataclass
+class EpochNoise:
+    """An epoch's mean ``S`` and ``|G|^2`` over its ``steps`` measured steps, and the
+    variances (and covariance) of those means from the steps' spread."""
+
+    s: float
+    g2: float
+    steps: int
+    var_s: float = 0.0
+    var_g2: float = 0.0
+    cov: float = 0.0
+
+    @classmethod
+    def from_sums(cls, s: float, g2: float, steps: float, ss: float = 0.0, gg: float = 0.0,
+                  sg: float = 0.0) -> "EpochNoise":
+        """From the sums over the steps of ``S``, ``|G|^2``, 1, ``S^2``, ``|G|^4``,
+        ``S |G|^2``."""
+        n = max(steps, 1.0)
+        ms, mg = s / n, g2 / n
+        spread = max(steps - 1.0, 1.0) * n   # sample (co)variance over n, of the mean
+        return cls(ms, mg, int(steps), max(ss - n * ms * ms, 0.0) / spread,
+                   max(gg - n * mg * mg, 0.0) / spread, (sg - n * ms * mg) / spread)
+
+
+@dataclass
 class NoiseScale:
     """Bias-corrected exponential moving averages of ``S`` and ``|G|^2`` (weight ``decay``
-    on the past, as Adam's moments), and ``B_noise`` from them."""
+    on the past, as Adam's moments), ``B_noise`` from them, and how uncertain it is."""
 
     decay: float = 0.95
     s: float = 0.0
     g2: float = 0.0
     steps: float = 0
+    var_s: float = 0.0      # variances and covariance of the (uncorrected) averages
+    var_g2: float = 0.0
+    cov: float = 0.0
 
-    def add(self, s: float, g2: float, weight: float = 1) -> None:
+    def add(self, s: float, g2: float, weight: float = 1,
+            spread: tuple[float, float, float] = (0.0, 0.0, 0.0)) -> None:
         """One more estimate; ``weight``: as many steps as it stands for (an epoch's mean of
-        ``weight`` steps moves the averages as far as those steps one by one would)."""
+        ``weight`` steps moves the averages as far as those steps one by one would);
+        ``spread``: its variances and covariance (:class:`EpochNoise`), to propagate."""
         keep = self.decay ** weight
         self.s = keep * self.s + (1 - keep) * s
         self.g2 = keep * self.g2 + (1 - keep) * g2
+        self.var_s, self.var_g2, self.cov = (keep ** 2 * mine + (1 - keep) ** 2 * new for mine, new
+                                             in zip((self.var_s, self.var_g2, self.cov), spread))
         self.steps += weight
+
+    def interval(self, z: float = 1.0) -> tuple[float, float] | None:
+        """``B_noise`` ``z`` standard errors down and up (the delta method on ``log(S /
+        |G|^2)``, the epochs' estimates taken as independent); the upper end ``inf`` while
+        ``|G|^2`` is within ``z`` of them of 0. None without a ``B_noise``."""
+        b = self.b_noise
+        if b is None:
+            return None
+        rel2 = (self.var_s / self.s ** 2 + self.var_g2 / self.g2 ** 2
+                - 2 * self.cov / (self.s * self.g2)) if self.s > 0 else math.inf
+        rel = math.sqrt(max(rel2, 0.0))
+        high = math.inf if self.g2 <= z * math.sqrt(self.var_g2) else b * math.exp(z * rel)
+        return b * math.exp(-z * rel), high
 
     def _corrected(self, value: float) -> float:
         return value / (1 - self.decay ** self.steps)

@@ -28,8 +28,8 @@ from .errors import ConfigError
 
 def efficiency(batch: float, b_noise: float, b0: float) -> float:
     """Progress of a sample at global batch ``batch`` relative to one at ``b0`` (<= 1 above
-    ``b0``)."""
-    return (b_noise + b0) / (b_noise + batch)
+    ``b0``; 1 at an unbounded noise scale)."""
+    return 1.0 if math.isinf(b_noise) else (b_noise + b0) / (b_noise + batch)
 
 
 def gain(batch: float, b_noise: float, b0: float) -> float:
@@ -106,26 +106,50 @@ class BatchChooser:
         self.lo, self.hi, self.b0 = lo, hi, b0
         self.hysteresis, self.reach, self.min_efficiency = hysteresis, reach, min_efficiency
 
-    def choose(self, current: int, b_noise: float,
-               step_s: Callable[[int], float | None]) -> BatchChoice:
+    def choose(self, current: int, b_noise: float, step_s: Callable[[int], float | None],
+               interval: tuple[float, float] | None = None) -> BatchChoice:
         """``step_s(B)``: predicted seconds per step at global batch ``B`` (None: not a
-        batch this world can run, e.g. above the ranks' caps)."""
-        def scored(b: int):
-            t = step_s(b)
-            return None if t is None or t <= 0 else b / t * efficiency(b, b_noise, self.b0)
-
-        near = [b for b in candidates(self.lo, self.hi, current)
-                if current / self.reach <= b <= current * self.reach]
-        scores = {b: g for b in near if (g := scored(b)) is not None}
-        now = scores.get(current, 0.0)     # the current batch is always a candidate
-        worth = lambda b: efficiency(b, b_noise, self.b0) >= self.min_efficiency  # noqa: E731
-        allowed = {b: g for b, g in scores.items() if worth(b)}
-        # none worth it: the most efficient batch this world can run, never a larger one
-        best = max(allowed, key=allowed.get,
-                   default=min((b for b in scores if b <= current), default=current))
-        moved = best != current and (not worth(current) or (
-            best in allowed and allowed[best] > now * (1 + self.hysteresis)))
+        batch this world can run, e.g. above the ranks' caps). ``interval``: how far
+        ``B_noise`` may be off (:meth:`hetgrad.gns.NoiseScale.interval`); a move must then
+        also pay at its cautious end -- up at the low one, down at the high one -- so an
+        uncertain estimate holds the batch rather than moving it back and forth."""
+        times = {b: t for b in candidates(self.lo, self.hi, current)
+                 if current / self.reach <= b <= current * self.reach
+                 and (t := step_s(b)) is not None and t > 0}
+        best = self._best(current, b_noise, times)
+        moved = self._pays(best, current, b_noise, times)
+        if moved and interval is not None:
+            moved = self._pays(best, current, interval[0 if best > current else 1], times)
         batch = best if moved else current
+        now = _goodput(current, b_noise, self.b0, times)
         return BatchChoice(batch=batch, b_noise=b_noise,
                            efficiency=efficiency(batch, b_noise, self.b0),
-                           goodput=scores.get(batch, now), current_goodput=now, changed=moved)
+                           goodput=_goodput(batch, b_noise, self.b0, times) or now,
+                           current_goodput=now, changed=moved)
+
+    def _worth(self, batch: int, b_noise: float) -> bool:
+        return efficiency(batch, b_noise, self.b0) >= self.min_efficiency
+
+    def _best(self, current: int, b_noise: float, times: dict) -> int:
+        """The batch of the largest goodput among those worth it; if none is, the most
+        efficient batch this world can run, never a larger one than ``current``."""
+        allowed = [b for b in times if self._worth(b, b_noise)]
+        if allowed:
+            return max(allowed, key=lambda b: _goodput(b, b_noise, self.b0, times))
+        return min((b for b in times if b <= current), default=current)
+
+    def _pays(self, batch: int, current: int, b_noise: float, times: dict) -> bool:
+        """Whether moving from ``current`` to ``batch`` is warranted at ``b_noise``: the
+        current batch is not worth its samples, or ``batch`` is and beats it by the
+        hysteresis."""
+        if batch == current:
+            return False
+        if not self._worth(current, b_noise):
+            return batch < current
+        return self._worth(batch, b_noise) and _goodput(batch, b_noise, self.b0, times) > (
+            _goodput(current, b_noise, self.b0, times) * (1 + self.hysteresis))
+
+
+def _goodput(batch: int, b_noise: float, b0: float, times: dict) -> float:
+    """Predicted progress per second at ``batch`` (0 where no step time is known)."""
+    return batch / times[batch] * efficiency(batch, b_noise, b0) if batch in times else 0.0

@@ -22,6 +22,7 @@ import math
 import tensorflow as tf
 
 from .errors import HetgradError
+from .gns import EpochNoise
 
 
 def squared_norm(grads: list, counts: list | None = None) -> tf.Tensor:
@@ -97,8 +98,8 @@ class GradientNoise:
 
     def __init__(self, every: int = 1, name: str = "hetgrad", when=None, precondition=None,
                  gate=None, blocks: Blocks | None = None):
-        # the epoch's sums of S and |G|^2 and its steps counted
-        self.sums = tf.Variable(tf.zeros(3, tf.float64), trainable=False, name="hetgrad_gns_sums")
+        # the epoch's sums of S, |G|^2, its steps counted, and of S^2, |G|^4, S |G|^2
+        self.sums = tf.Variable(tf.zeros(6, tf.float64), trainable=False, name="hetgrad_gns_sums")
         self.pending = tf.Variable(tf.zeros(4), trainable=False, name="hetgrad_gns_pending")
         self.every, self.name, self.when = every, name, when   # when(): a step to measure?
         self.blocks = blocks or Blocks()
@@ -181,14 +182,16 @@ class GradientNoise:
         sum_bn, total, held = summed[0], summed[1], summed[2]
         s = tf.math.divide_no_nan(sum_bn - total * n, held - 1.0)
         g2 = n - tf.math.divide_no_nan(s, total)
-        counted = tf.where(held >= 2.0, tf.stack([s, g2, 1.0]), tf.zeros(3))
-        self.sums.assign_add(tf.cast(counted, tf.float64))
+        s, g2 = tf.cast(s, tf.float64), tf.cast(g2, tf.float64)
+        step = tf.stack([s, g2, tf.constant(1.0, tf.float64), s * s, g2 * g2, s * g2])
+        self.sums.assign_add(tf.where(held >= 2.0, step, tf.zeros(6, tf.float64)))
 
-    def take(self) -> tuple[float, float, int]:
-        """The epoch's mean ``S``, mean ``|G|^2`` and its steps measured; the sums restart."""
-        s, g2, steps = (float(x) for x in self.sums.numpy())
-        self.sums.assign(tf.zeros(3, tf.float64))
-        return s / max(steps, 1), g2 / max(steps, 1), int(steps)
+    def take(self) -> EpochNoise:
+        """The epoch's estimates (means over its measured steps, with their spread); the sums
+        restart."""
+        sums = [float(x) for x in self.sums.numpy()]
+        self.sums.assign(tf.zeros(6, tf.float64))
+        return EpochNoise.from_sums(*sums)
 
 
 def check_measurable(optimizer, field: str = "gns", every: int = 1) -> None:

@@ -2,6 +2,7 @@
 (:mod:`hetgrad.scalars`) and the step timeline (:mod:`hetgrad.timeline`), written by rank 0."""
 from __future__ import annotations
 
+import math
 import socket
 import sys
 import time
@@ -16,7 +17,8 @@ class Noise(Action):
     ``b_noise`` from them, and ``b_noise_smoothed`` (bias-corrected moving averages,
     :class:`hetgrad.gns.NoiseScale`, ``decay`` per step of the run's first global batch: an
     epoch weighs as many such steps as its measured steps stand for, as Pollux weighs its
-    steps by their batch) into the row."""
+    steps by their batch) and ``b_noise_interval``, one standard error down and up
+    (:meth:`~hetgrad.gns.NoiseScale.interval`; its upper end None: unbounded) into the row."""
 
     def __init__(self, decay: float = 0.998):
         from .gns import NoiseScale
@@ -27,13 +29,18 @@ class Noise(Action):
 
     def on_epoch_end(self, job, epoch, row):
         noise = job.aggregation.noise
-        s, g2, steps = noise.take()
-        if not steps:
+        got = noise.take()
+        if not got.steps:
             return
         b0 = job.spec.global_batch   # the run's first (a resumed adaptive run's too)
-        self.smooth.add(s, g2, weight=steps * noise.every * job.plan.global_batch / b0)
-        row.update(gns_noise=s, gns_signal=g2, gns_steps=steps,
-                   b_noise=s / g2 if g2 > 0 else None, b_noise_smoothed=self.smooth.b_noise,
+        self.smooth.add(got.s, got.g2, weight=got.steps * noise.every * job.plan.global_batch / b0,
+                        spread=(got.var_s, got.var_g2, got.cov))
+        interval = self.smooth.interval()
+        row.update(gns_noise=got.s, gns_signal=got.g2, gns_steps=got.steps,
+                   b_noise=got.s / got.g2 if got.g2 > 0 else None,
+                   b_noise_smoothed=self.smooth.b_noise,
+                   b_noise_interval=None if interval is None else [   # high None: unbounded
+                       interval[0], None if math.isinf(interval[1]) else interval[1]],
                    gns_preconditioned=noise.precondition is not None)
 
 

@@ -1,10 +1,12 @@
 """The gradient noise scale from uneven batches (hetgrad/gns.py) on a problem whose noise is
 known: least squares with Gaussian inputs and label noise, where one sample's gradient at
 ``w`` has mean ``delta = w - w*`` and covariance trace ``S = (d + 1)|delta|^2 + d sigma^2``."""
+import math
+
 import numpy as np
 import pytest
 
-from hetgrad.gns import NoiseScale, estimate
+from hetgrad.gns import EpochNoise, NoiseScale, estimate
 
 D, SIGMA = 10, 1.0
 DELTA = np.full(D, np.sqrt(0.25 / D))           # |G|^2 = 0.25
@@ -76,6 +78,46 @@ def test_smoothing_is_bias_corrected_and_waits_for_a_positive_signal():
     assert negative.b_noise is None
 
 
+def test_an_epochs_spread_is_that_of_its_steps_means():
+    rng = np.random.default_rng(3)
+    s = rng.normal(50.0, 9.0, 40)
+    g2 = rng.normal(2.0, 0.5, 40) + 0.01 * s     # correlated
+    got = EpochNoise.from_sums(s.sum(), g2.sum(), 40, (s * s).sum(), (g2 * g2).sum(),
+                               (s * g2).sum())
+    assert got.steps == 40 and got.s == pytest.approx(s.mean())
+    assert got.var_s == pytest.approx(np.var(s, ddof=1) / 40)
+    assert got.var_g2 == pytest.approx(np.var(g2, ddof=1) / 40)
+    assert got.cov == pytest.approx(np.cov(s, g2)[0, 1] / 40)
+
+
+def test_the_noise_scales_interval_covers_it_as_one_standard_error_does():
+    """Epochs of noisy steps with known means, smoothed: the true B_noise lies within the
+    interval in about 68 % of the runs; more steps narrow it; a signal within one standard
+    error of 0 leaves its upper end unbounded."""
+    rng, inside, widths = np.random.default_rng(11), 0, {}
+    for run in range(300):
+        smooth = NoiseScale(decay=0.99)
+        for epoch in range(5):
+            s, g2 = rng.normal(400.0, 300.0, 25), rng.normal(2.0, 3.0, 25)
+            got = EpochNoise.from_sums(s.sum(), g2.sum(), 25, (s * s).sum(), (g2 * g2).sum(),
+                                       (s * g2).sum())
+            smooth.add(got.s, got.g2, weight=25, spread=(got.var_s, got.var_g2, got.cov))
+        low, high = smooth.interval() or (math.inf, math.inf)
+        inside += low <= 200.0 <= high
+    assert 0.58 <= inside / 300 <= 0.80
+    for steps in (25, 400):
+        smooth = NoiseScale(decay=0.999)
+        smooth.add(400.0, 2.0, weight=steps, spread=(300.0 ** 2 / steps, 1.0 / steps, 0.0))
+        low, high = smooth.interval()
+        widths[steps] = high / low
+    # one epoch: the relative errors of S and |G|^2 add in quadrature, on the log scale
+    assert widths[25] == pytest.approx(math.exp(2 * math.hypot(60 / 400, 0.2 / 2)))
+    assert widths[400] == pytest.approx(math.exp(2 * math.hypot(15 / 400, 0.05 / 2)))
+    shaky = NoiseScale()
+    shaky.add(400.0, 2.0, spread=(0.0, 4.0 / (1 - shaky.decay) ** 2, 0.0))
+    assert shaky.interval()[1] == math.inf and shaky.interval()[0] < shaky.b_noise
+
+
 def test_the_graph_measures_what_the_estimator_says():
     """hetgrad.noise on three simulated ranks' gradients (two tensors, one of them an
     IndexedSlices with a repeated row), seeded with w_i = b_i / B or fused (seeded with b_i),
@@ -98,8 +140,9 @@ def test_the_graph_measures_what_the_estimator_says():
         sent = [noise.local([tf.constant(w * t) for t in g], tf.constant(w), tf.constant(b))
                 for g, w, b in zip(mine, seeds, batches)]
         noise.add(tf.add_n(sent), squared_norm([tf.constant(t) for t in mean]))
-        s, g2, steps = noise.take()
-        assert steps == 1 and s == pytest.approx(want[0], rel=1e-5) \
+        got = noise.take()
+        s, g2, steps = got.s, got.g2, got.steps
+        assert steps == 1 and got.var_s == 0 and s == pytest.approx(want[0], rel=1e-5) \
             and g2 == pytest.approx(want[1], rel=1e-5), fused
     rows = tf.IndexedSlices(tf.constant([[1.0, 2.0], [3.0, 4.0]]), tf.constant([1, 1]),
                             tf.constant([3, 2]))
@@ -139,7 +182,7 @@ def test_an_epoch_weighs_the_steps_of_b0_its_samples_make():
     from types import SimpleNamespace
 
     from hetgrad.observe import Noise
-    epochs = [(100, (8.0, 2.0, 10)), (200, (30.0, 1.0, 5))]   # B, the epoch's (S, |G|^2, n)
+    epochs = [(100, EpochNoise(8.0, 2.0, 10)), (200, EpochNoise(30.0, 1.0, 5))]   # B, the epoch
     action, rows = Noise(decay=0.99), []
     for batch, taken in epochs:
         gauge = SimpleNamespace(take=lambda taken=taken: taken, every=4, precondition=None)
@@ -232,7 +275,8 @@ def test_read_in_blocks_the_noise_scale_of_a_large_gradient_stays_within_20_perc
                                     mean, None) for b, g in zip(batches, mine)]
             noise.add(tf.add_n(sent)[:3], sent[0][3])
             noise.count.assign_add(1)
-    (s, g2, steps), (s_all, g2_all, _) = (gauges[k].take() for k in ("blocks", "whole"))
+    taken, whole = (gauges[k].take() for k in ("blocks", "whole"))
+    (s, g2, steps), (s_all, g2_all) = (taken.s, taken.g2, taken.steps), (whole.s, whole.g2)
     assert steps == 300
     assert s == pytest.approx(true_s, rel=0.2) and g2 == pytest.approx(0.5, rel=0.2)
     assert s == pytest.approx(s_all, rel=0.2) and g2 == pytest.approx(g2_all, rel=0.2)

@@ -98,6 +98,25 @@ def test_no_batch_worth_less_than_half_a_sample_of_b0():
     assert not BatchChooser(64, 2048, 64, reach=2).choose(512, 100.0, larger).changed
 
 
+def test_a_move_must_pay_at_the_cautious_end_of_the_noise_scales_interval():
+    """Up where the point estimate says so, but not if the low end of B_noise's interval
+    says it does not pay; down likewise at the high end (an unbounded one never shrinks the
+    batch on goodput); a narrow interval moves as the point estimate does."""
+    step = affine(0.010, 1e-5)
+    chooser = BatchChooser(64, 2048, 64)
+    assert chooser.choose(64, 4000.0, step, (3000.0, 5000.0)).batch == 128
+    held = chooser.choose(64, 4000.0, step, (10.0, 5000.0))
+    assert not held.changed and held.batch == 64
+    assert chooser.choose(64, 4000.0, step).changed   # without the interval: up
+    proportional = affine(0.0, 1e-4)                 # a larger batch only loses efficiency
+    assert chooser.choose(256, 1000.0, proportional, (900.0, 1100.0)).batch == 128
+    assert not chooser.choose(256, 1000.0, proportional, (900.0, math.inf)).changed
+    # a batch not worth its samples leaves at once, unless the high end says it is
+    flat = lambda b: 0.010   # noqa: E731
+    assert chooser.choose(512, 100.0, flat, (80.0, 120.0)).batch == 256
+    assert not chooser.choose(512, 100.0, flat, (80.0, 2000.0)).changed
+
+
 @pytest.mark.parametrize("given, problem", [
     ((64,), "two batch sizes"), (("a", 2), "two batch sizes"), ((512, 64), "LO <= HI"),
     ((128, 512), "outside 128,512")])
