@@ -90,6 +90,16 @@ class Blocks:
         return out
 
 
+def merged(drawn: list[tuple], tensors: list) -> tuple[list, list]:
+    """This step's entries of ``tensors`` (:meth:`Blocks.draw`) and what their squares count:
+    those read whole in one flat vector (a model of many small tensors: a few ops, not a few
+    per tensor), then each block."""
+    whole = [tf.reshape(t, [-1]) for (_, count), t in zip(drawn, tensors) if count == 1]
+    blocks = [(cut(t), count) for (cut, count), t in zip(drawn, tensors) if count > 1]
+    parts = ([(tf.concat(whole, 0), 1)] if whole else []) + blocks
+    return [t for t, _ in parts], [count for _, count in parts]
+
+
 class GradientNoise:
     """The per-step estimates of ``S`` and ``|G|^2`` summed over an epoch, in variables;
     with ``precondition`` (:func:`hetgrad.compat.adam_preconditioner`) those of the gradient
@@ -153,14 +163,11 @@ class GradientNoise:
         present = [k for k, g in enumerate(mean) if g is not None]
         mine, exchanged = dense([weighted[k] for k in present]), dense([mean[k] for k in present])
         drawn = self.blocks.draw([g.shape for g in exchanged], self.count.read_value())
-        mine = [cut(g) for (cut, _), g in zip(drawn, mine)]
-        exchanged = [cut(g) for (cut, _), g in zip(drawn, exchanged)]
+        (mine, counts), (exchanged, _) = merged(drawn, mine), merged(drawn, exchanged)
         if self.precondition is not None:   # Adam's v with the mean gradient taken in
-            moments = [cut(self.precondition.moment(variables[k]))
-                       for (cut, _), k in zip(drawn, present)]
+            moments, _ = merged(drawn, [self.precondition.moment(variables[k]) for k in present])
             scales = self.precondition(moments, exchanged)
             mine, exchanged = preconditioned(mine, scales), preconditioned(exchanged, scales)
-        counts = [count for _, count in drawn]
         values = tf.concat([self.local(mine, seeded[0], seeded[1], counts),
                             tf.reshape(squared_norm(exchanged, counts), [1])], 0)
         if self.gate is not None and self.every_step:   # held = 0: a step not counted
