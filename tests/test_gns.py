@@ -222,6 +222,34 @@ def test_preconditioned_norms_are_of_the_scaled_gradients():
                                rtol=1e-6)
 
 
+def test_small_gradients_are_read_whole_in_one_vector_and_a_large_one_in_a_block():
+    """Tensors of several shapes (and a None) measured exactly; a large constant one (its
+    every block has the same squares) counted as many times as it has blocks; with a
+    preconditioner, each entry scaled by its own variable's second moment's scale."""
+    import tensorflow as tf
+    from hetgrad.noise import Blocks, GradientNoise
+    rng = np.random.default_rng(2)
+    small = [rng.standard_normal(shape).astype(np.float32) for shape in ((3, 4), (5,))]
+    large = np.full(40000, 0.5, np.float32)
+    mine = [small[0], None, small[1], large]
+    mean = [0.5 * t if t is not None else None for t in mine]
+    moments = {k: np.float32(k + 1) for k in range(4)}
+    for precondition in (None, "sqrt"):
+        scales = None
+        if precondition:
+            def scales(vs, grads):
+                return [1.0 / tf.sqrt(v) for v in vs]
+            scales.moment = lambda k: tf.fill(mine[k].shape, moments[k])
+        noise = GradientNoise(precondition=scales, blocks=Blocks(blocks=4, whole=16384))
+        noise.keep([None if t is None else tf.constant(t) for t in mine],
+                   tf.constant([1.0, 6.0]), [None if t is None else tf.constant(t) for t in mean],
+                   list(range(4)))
+        factor = (lambda k: 1.0 / moments[k]) if precondition else (lambda k: 1.0)
+        want = sum(factor(k) * np.sum(mine[k] ** 2) for k in (0, 2, 3))
+        np.testing.assert_allclose(noise.pending.numpy(),
+                                   [6.0 * want, 6.0, 1.0, 0.25 * want], rtol=1e-5)
+
+
 def test_a_large_gradient_is_read_in_blocks_that_keep_its_squares_unbiased():
     """Blocks: a gradient of over ``whole`` entries is read one block of 1/blocks of them per
     step (the same block on every rank: drawn from the step), its squares counted ``blocks``
