@@ -165,7 +165,7 @@ class TrainConfig:
                                    "B_noise and the step models), scaling the learning rate")
     batch_range: list[int] | None = setting(None, "LO,HI of the adaptive batch (B..16 B)", parse=ints)
     lr_rule: str | None = setting(None, "how the rate follows the adaptive batch (default: "
-                                  "gain for SGD, else sqrt-gain)", choices=LR_RULES)
+                                  "gain for SGD, else sqrt-batch)", choices=LR_RULES)
     timeline_steps: int = setting(100, "timeline: every step of the first N", check=at_least(0))
     timeline_window: int = setting(10, "timeline: then N steps mid-epoch (in every 2nd, 4th.. "
                                    "epoch of a long run)", check=at_least(0))

@@ -9,11 +9,11 @@ scale ``B_noise`` (:mod:`hetgrad.gns`) each sample is worth
 of one at the starting batch ``B_0`` (McCandlish et al.: steps needed fall as
 ``1 + B_noise / B``), so the progress per second is ``goodput(B) = B / t(B) * E(B)``. Between
 epochs :class:`BatchChooser` picks the candidate ``B`` in the user's range with the largest
-goodput, moving only when it beats the current one by the hysteresis, and at most by a
-factor 2, and never to a batch whose samples are worth less than half one at ``B_0``
+goodput, moving only when it beats the current one by the hysteresis (also at the cautious
+end of the noise scale's interval), at most by a factor 4, and never to a batch whose samples are worth less than half one at ``B_0``
 (``E(B) >= 0.5``); the learning rate
 follows by AdaScale's gain ``r = (B / B_0) E(B)`` -- the progress of one step at ``B`` in
-steps at ``B_0`` -- linearly for SGD, by its square root for Adam, or by another rule of
+steps at ``B_0`` -- linearly for SGD; for Adam by ``sqrt(B / B_0)``, or by another rule of
 :data:`LR_RULES` (:func:`lr_factor`).
 No TensorFlow here.
 """
@@ -41,9 +41,10 @@ LR_RULES = ("gain", "sqrt-gain", "sqrt-batch", "none")
 
 
 def default_lr_rule(sgd: bool) -> str:
-    """AdaScale's gain for SGD, its square root for other optimizers (Adam's step is
-    normalised by the gradient's own scale)."""
-    return "gain" if sgd else "sqrt-gain"
+    """AdaScale's gain for SGD; for other optimizers (Adam's step is normalised by the
+    gradient's own scale) the square-root rule, which reached the target sooner than the
+    gain's square root in every goodput benchmark run (docs/results.md)."""
+    return "gain" if sgd else "sqrt-batch"
 
 
 def lr_factor(batch: float, b_noise: float, b0: float, rule: str) -> float:
@@ -95,14 +96,15 @@ class BatchChoice:
 class BatchChooser:
     """The global batch in ``[lo, hi]`` with the largest predicted goodput; a move needs a
     gain above ``hysteresis`` (noisy estimates must not make the batch wander) and goes at
-    most a factor ``reach`` from the current batch (the next epoch measures the step time
-    there before a further move trusts the models' extrapolation). Only batches whose
+    most a factor ``reach`` from the current batch (the models are the probe's, which timed
+    the range's batches, corrected at the current batch: the further from it, the less
+    sure; the next epoch measures the step time where it moved). Only batches whose
     samples are worth at least ``min_efficiency`` of one at ``B_0`` are taken: a run of a
     fixed number of epochs must not trade its final accuracy for speed (at 0.5, a batch may
     need up to twice the samples of ``B_0`` for the same progress)."""
 
     def __init__(self, lo: int, hi: int, b0: int, hysteresis: float = 0.05,
-                 reach: float = 2.0, min_efficiency: float = 0.5):
+                 reach: float = 4.0, min_efficiency: float = 0.5):
         self.lo, self.hi, self.b0 = lo, hi, b0
         self.hysteresis, self.reach, self.min_efficiency = hysteresis, reach, min_efficiency
 
@@ -110,17 +112,24 @@ class BatchChooser:
                interval: tuple[float, float] | None = None) -> BatchChoice:
         """``step_s(B)``: predicted seconds per step at global batch ``B`` (None: not a
         batch this world can run, e.g. above the ranks' caps). ``interval``: how far
-        ``B_noise`` may be off (:meth:`hetgrad.gns.NoiseScale.interval`); a move must then
-        also pay at its cautious end -- up at the low one, down at the high one -- so an
-        uncertain estimate holds the batch rather than moving it back and forth."""
+        ``B_noise`` may be off (:meth:`hetgrad.gns.NoiseScale.interval`); the batch moves to
+        the best of those that also pay at its cautious end -- a larger batch at the low
+        one, a smaller at the high one -- so an uncertain estimate holds the batch, or moves
+        it less far, rather than back and forth."""
         times = {b: t for b in candidates(self.lo, self.hi, current)
                  if current / self.reach <= b <= current * self.reach
                  and (t := step_s(b)) is not None and t > 0}
-        best = self._best(current, b_noise, times)
-        moved = self._pays(best, current, b_noise, times)
-        if moved and interval is not None:
-            moved = self._pays(best, current, interval[0 if best > current else 1], times)
-        batch = best if moved else current
+        low, high = interval or (b_noise, b_noise)
+        if not self._worth(current, b_noise):   # leave at once, unless the high end says stay
+            batch = self._best(current, b_noise, times)
+            batch = current if self._worth(current, high) else batch
+        else:
+            def pays(b: int) -> bool:
+                return (self._pays(b, current, b_noise, times)
+                        and self._pays(b, current, high if b < current else low, times))
+            batch = max((b for b in times if pays(b)),
+                        key=lambda b: _goodput(b, b_noise, self.b0, times), default=current)
+        moved = batch != current
         now = _goodput(current, b_noise, self.b0, times)
         return BatchChoice(batch=batch, b_noise=b_noise,
                            efficiency=efficiency(batch, b_noise, self.b0),
@@ -139,15 +148,11 @@ class BatchChooser:
         return min((b for b in times if b <= current), default=current)
 
     def _pays(self, batch: int, current: int, b_noise: float, times: dict) -> bool:
-        """Whether moving from ``current`` to ``batch`` is warranted at ``b_noise``: the
-        current batch is not worth its samples, or ``batch`` is and beats it by the
-        hysteresis."""
-        if batch == current:
-            return False
-        if not self._worth(current, b_noise):
-            return batch < current
-        return self._worth(batch, b_noise) and _goodput(batch, b_noise, self.b0, times) > (
-            _goodput(current, b_noise, self.b0, times) * (1 + self.hysteresis))
+        """Whether ``batch`` is worth its samples at ``b_noise`` and beats ``current`` by
+        the hysteresis there."""
+        return batch != current and self._worth(batch, b_noise) and _goodput(
+            batch, b_noise, self.b0, times) > (_goodput(current, b_noise, self.b0, times)
+                                               * (1 + self.hysteresis))
 
 
 def _goodput(batch: int, b_noise: float, b0: float, times: dict) -> float:

@@ -3,17 +3,16 @@
 fixed global batches -- the task's default ``B_0`` and a grid up to the range's top.
 
 One task (MNIST-1D, ``cnn1d``, Adam, ``B_0`` = 100 at learning rate 0.01); a fixed ``B`` runs
-at ``0.01 sqrt(B / B_0)`` (the square-root rule the adaptive run applies to Adam, with
-AdaScale's gain). Scenarios: emulated speeds (``1,1,2,4@1e-4``: 4 ranks of speeds 1,1,2,4
-sleeping 0.1 ms per sample at speed 1) and fixed CPU shares (``quota:1,0.25``: 2 ranks, the
-second capped at a quarter of its core; real compute). Per scenario, every seed runs every
-arm once, the arms in a fresh random order every seed. Time to target = the training time of
-the epochs up to the first whose test accuracy reaches the target (the first epoch's step
-tracing included, evaluation left out: both the same for every arm); the probe's time (a
-job's fixed cost, longer for the adaptive arm, which times batches up to the range's top)
-is reported beside it. Resumable: each run writes
-DIR/<scenario>_<arm>_s<seed>.json. At the end: DIR/goodput.json, DIR/goodput.md and one
-accuracy-vs-time plot per scenario.
+at ``0.01 sqrt(B / B_0)`` (the square-root rule, the adaptive run's default for Adam).
+Scenarios: emulated speeds (``1,1,2,4@1e-4``: 4 ranks of speeds 1,1,2,4 sleeping 0.1 ms per
+sample at speed 1) and fixed CPU shares (``quota:1,0.25``: 2 ranks, the second capped at a
+quarter of its core; real compute). Per scenario, every seed runs every arm once, the arms in
+a fresh random order every seed. Time to target = the training time of the epochs up to the
+first whose test accuracy reaches the target (the first epoch's step tracing included,
+evaluation left out: both the same for every arm); the probe's time (a job's fixed cost,
+longer for the adaptive arm, which times batches up to the range's top) is reported beside it.
+Resumable: each run writes DIR/<scenario>_<arm>_s<seed>.json. At the end: DIR/goodput.json,
+DIR/goodput.md and one accuracy-vs-time plot per scenario.
 
     .venv/bin/python scripts/bench_goodput.py --dir results/goodput
 """
@@ -30,6 +29,7 @@ from bench.launch import train_once
 from bench.placement import profile
 from bench.schedule import interleaved
 from bench.tables import markdown, num
+from hetgrad.goodput import default_lr_rule
 
 TASK = ["--model", "cnn1d", "--optimizer", "adam"]
 B0, LR0, TOP = 100, 0.01, 800
@@ -60,8 +60,8 @@ def tag_of(scenario: str) -> str:
 
 
 def adaptive_arm(rule: str) -> str:
-    """The arm of ``--lr-rule rule``: ``adaptive`` for the default (sqrt-gain, Adam's)."""
-    return "adaptive" if rule == "sqrt-gain" else f"adaptive-{rule}"
+    """The arm of ``--lr-rule rule``: ``adaptive`` for the default (Adam's)."""
+    return "adaptive" if rule == default_lr_rule(sgd=False) else f"adaptive-{rule}"
 
 
 def arm_args(arm: str) -> list[str]:
@@ -203,7 +203,7 @@ def main() -> None:
     ap.add_argument("--scenarios", default="1,1,2,4@1e-4;quota:1,0.25",
                     help="';'-separated: SPEEDS@UNIT (emulated) or quota:SHARES")
     ap.add_argument("--grid", default="100,200,400,800", help="fixed global batches")
-    ap.add_argument("--rules", default="sqrt-gain",
+    ap.add_argument("--rules", default=default_lr_rule(sgd=False),
                     help="learning-rate rules of the adaptive arms (hetgrad train --lr-rule)")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--epochs", type=int, default=20)

@@ -18,7 +18,8 @@ def test_efficiency_and_gain_follow_the_noise_scale():
     assert gain(6400, 1.0, 64) == pytest.approx(65 / 64, rel=1e-3)
     assert lr_factor(256, 256.0, 64, default_lr_rule(sgd=True)) == \
         pytest.approx(256 / 64 * 320 / 512)
-    assert lr_factor(256, 256.0, 64, default_lr_rule(sgd=False)) == pytest.approx(math.sqrt(2.5))
+    assert lr_factor(256, 256.0, 64, default_lr_rule(sgd=False)) == pytest.approx(2.0)
+    assert lr_factor(256, 256.0, 64, "sqrt-gain") == pytest.approx(math.sqrt(2.5))
     # the square-root rule ignores the noise scale; none leaves the rate as it is
     assert lr_factor(256, 256.0, 64, "sqrt-batch") == pytest.approx(2.0)
     assert lr_factor(256, 1e9, 64, "sqrt-gain") == pytest.approx(2.0, rel=1e-6)
@@ -46,8 +47,8 @@ def test_a_fixed_cost_per_step_and_a_large_noise_scale_grow_the_batch():
     choice = BatchChooser(64, 2048, 64, reach=FAR).choose(64, 4000.0, step)
     assert choice.changed and choice.batch == best
     assert choice.goodput == pytest.approx(best / step(best) * efficiency(best, 4000, 64))
-    # by default at most twice the batch a move: the step time there is measured first
-    assert BatchChooser(64, 2048, 64).choose(64, 4000.0, step).batch == 128
+    # by default at most four times the batch a move: the step time there is measured first
+    assert BatchChooser(64, 2048, 64).choose(64, 4000.0, step).batch == 256
 
 
 def test_a_small_noise_scale_or_no_fixed_cost_keeps_the_batch_small():
@@ -55,7 +56,7 @@ def test_a_small_noise_scale_or_no_fixed_cost_keeps_the_batch_small():
     assert chooser.choose(256, 10.0, affine(0.010, 1e-5)).batch < 256   # noise-free: shrink
     # time in proportion to the batch: a larger batch only loses efficiency
     assert chooser.choose(256, 1000.0, affine(0.0, 1e-4)).batch == 32
-    assert BatchChooser(32, 2048, 256).choose(256, 1000.0, affine(0.0, 1e-4)).batch == 128
+    assert BatchChooser(32, 2048, 256).choose(256, 1000.0, affine(0.0, 1e-4)).batch == 64
 
 
 def test_hysteresis_keeps_a_batch_whose_goodput_is_within_it():
@@ -104,16 +105,16 @@ def test_a_move_must_pay_at_the_cautious_end_of_the_noise_scales_interval():
     batch on goodput); a narrow interval moves as the point estimate does."""
     step = affine(0.010, 1e-5)
     chooser = BatchChooser(64, 2048, 64)
-    assert chooser.choose(64, 4000.0, step, (3000.0, 5000.0)).batch == 128
+    assert chooser.choose(64, 4000.0, step, (3000.0, 5000.0)).batch == 256
     held = chooser.choose(64, 4000.0, step, (10.0, 5000.0))
     assert not held.changed and held.batch == 64
     assert chooser.choose(64, 4000.0, step).changed   # without the interval: up
     proportional = affine(0.0, 1e-4)                 # a larger batch only loses efficiency
-    assert chooser.choose(256, 1000.0, proportional, (900.0, 1100.0)).batch == 128
+    assert chooser.choose(256, 1000.0, proportional, (900.0, 1100.0)).batch == 64
     assert not chooser.choose(256, 1000.0, proportional, (900.0, math.inf)).changed
     # a batch not worth its samples leaves at once, unless the high end says it is
     flat = lambda b: 0.010   # noqa: E731
-    assert chooser.choose(512, 100.0, flat, (80.0, 120.0)).batch == 256
+    assert chooser.choose(512, 100.0, flat, (80.0, 120.0)).batch == 215   # E >= 0.5 again
     assert not chooser.choose(512, 100.0, flat, (80.0, 2000.0)).changed
 
 
@@ -169,7 +170,7 @@ def test_the_batch_follows_goodput_and_the_rate_follows_the_batch(adapted):
         assert row["lr_factor"] == pytest.approx(factor, rel=1e-6)
         assert row["lr"] == pytest.approx(0.05 * factor, rel=1e-5)
         if "batch_next" in row:
-            assert 24 <= row["batch_next"] <= 2 * batch     # at most twice the batch a move
+            assert 24 <= row["batch_next"] <= 4 * batch     # at most 4x the batch a move
             assert row["batch_changed"] == (row["batch_next"] != batch)
             assert 0 < row["efficiency"] <= 1 and row["goodput_predicted"] > 0
             batch = row["batch_next"]
@@ -250,11 +251,11 @@ def test_the_rule_in_effect_is_what_a_resume_compares():
     assert sgd["lr_rule"] == "gain" == job_identity(
         TrainConfig(adaptive_batch=True, lr_rule="gain"))["lr_rule"]
     assert job_identity(TrainConfig(adaptive_batch=True, optimizer="adam"))["lr_rule"] == \
-        "sqrt-gain"
+        "sqrt-batch"
     state = {"plan": {"global_batch": 96, "dataset_size": 1437}, "epoch": 1, "job": sgd}
     check_resumed(state, "ck", sgd, global_batch=96, n_train=1437, epochs=2,
                   batch_range=(96, 1536))
-    other = job_identity(TrainConfig(adaptive_batch=True, lr_rule="sqrt-batch"))
+    other = job_identity(TrainConfig(adaptive_batch=True, lr_rule="sqrt-gain"))
     with pytest.raises(InputFileError) as err:
         check_resumed(state, "ck", other, global_batch=96, n_train=1437, epochs=2,
                       batch_range=(96, 1536))
@@ -272,7 +273,7 @@ def test_hk_fit_checks_its_rule_before_any_work():
     model.compile(optimizer=compat.keras.optimizers.Adam(0.01), loss="mse")
     x, y = np.zeros((40, 3), np.float32), np.zeros((40, 2), np.float32)
     args = (LocalComm(), model, x, y, 8, 1, None)
-    assert _checked(*args, (8, 32), None)[1:] == ((8, 32), "sqrt-gain")
+    assert _checked(*args, (8, 32), None)[1:] == ((8, 32), "sqrt-batch")
     assert _checked(*args, (8, 32), "none")[2] == "none"
     for adaptive, rule, says in [((8, 32), "linear", "unknown lr rule 'linear'"),
                                  (None, "gain", "does nothing without adaptive_batch")]:
