@@ -80,8 +80,9 @@ class NoiseScale:
         keep = self.decay ** weight
         self.s = keep * self.s + (1 - keep) * s
         self.g2 = keep * self.g2 + (1 - keep) * g2
-        self.var_s, self.var_g2, self.cov = (keep ** 2 * mine + (1 - keep) ** 2 * new for mine, new
-                                             in zip((self.var_s, self.var_g2, self.cov), spread))
+        past = (self.var_s, self.var_g2, self.cov)
+        self.var_s, self.var_g2, self.cov = (keep ** 2 * mine + (1 - keep) ** 2 * new
+                                             for mine, new in zip(past, spread))
         self.steps += weight
 
     def interval(self, z: float = 1.0) -> tuple[float, float] | None:

@@ -10,8 +10,8 @@ of one at the starting batch ``B_0`` (McCandlish et al.: steps needed fall as
 ``1 + B_noise / B``), so the progress per second is ``goodput(B) = B / t(B) * E(B)``. Between
 epochs :class:`BatchChooser` picks the candidate ``B`` in the user's range with the largest
 goodput, moving only when it beats the current one by the hysteresis (also at the cautious
-end of the noise scale's interval), at most by a factor 4, and never to a batch whose samples are worth less than half one at ``B_0``
-(``E(B) >= 0.5``); the learning rate
+end of the noise scale's interval), at most by a factor 4, and never to a batch whose
+samples are worth less than half one at ``B_0`` (``E(B) >= 0.5``); the learning rate
 follows by AdaScale's gain ``r = (B / B_0) E(B)`` -- the progress of one step at ``B`` in
 steps at ``B_0`` -- linearly for SGD; for Adam by ``sqrt(B / B_0)``, or by another rule of
 :data:`LR_RULES` (:func:`lr_factor`).
@@ -43,7 +43,8 @@ LR_RULES = ("gain", "sqrt-gain", "sqrt-batch", "none")
 def default_lr_rule(sgd: bool) -> str:
     """AdaScale's gain for SGD; for other optimizers (Adam's step is normalised by the
     gradient's own scale) the square-root rule, which reached the target sooner than the
-    gain's square root in every goodput benchmark run (docs/results.md)."""
+    gain's square root under fixed CPU shares in all four goodput runs that compared them
+    (docs/results.md)."""
     return "gain" if sgd else "sqrt-batch"
 
 
