@@ -27,6 +27,9 @@ def epoch_scalars(row: dict, balance: "EpochBalance | None", global_batch: int,
     skip = NOT_SCALARS | ({"time_s", "samples_per_s"} if partial else set())
     run = {f"epoch/{k}": float(v) for k, v in row.items()
            if k not in skip and isinstance(v, (int, float)) and not isinstance(v, bool)}
+    interval = row.get("b_noise_interval") or ()   # [low, high]; high None: unbounded
+    run.update({f"epoch/b_noise_{end}": float(v) for end, v in zip(("low", "high"), interval)
+                if v is not None})
     run["plan/global_batch"] = float(global_batch)
     if learning_rate is not None:
         run["optimizer/learning_rate"] = float(learning_rate)

@@ -107,6 +107,10 @@ def test_epoch_scalars_of_the_run_and_of_every_rank():
                         "rank/samples_per_s": 10.0}
     run, ranks = epoch_scalars(row, None, 14, None)   # a partial epoch: not measured
     assert ranks == [] and "balance/imbalance" not in run
+    run, _ = epoch_scalars({"b_noise_interval": [120.0, None]}, None, 14, None)
+    assert run["epoch/b_noise_low"] == 120.0 and "epoch/b_noise_high" not in run
+    run, _ = epoch_scalars({"b_noise_interval": [120.0, 300.0]}, None, 14, None)
+    assert run["epoch/b_noise_high"] == 300.0
 
 
 def test_scalars_read_back_by_tensorboard(tmp_path):
