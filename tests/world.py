@@ -18,6 +18,7 @@ world, and the next case starts a new one. Between cases Horovod is shut down on
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import tempfile
@@ -126,7 +127,8 @@ class World:
             return ""
 
     def close(self) -> None:
-        """Ask every rank to leave, then end the launcher (killed if it does not end)."""
+        """Ask every rank to leave, then end the launcher (killed if it does not end), and
+        remove the world's directory (its socket and the ranks' log)."""
         for conn in self.conns.values():
             try:
                 conn.send(None)
@@ -139,6 +141,7 @@ class World:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 class Worlds:
@@ -151,6 +154,8 @@ class Worlds:
     def __call__(self, size: int) -> World:
         world = self.open.get(size)
         if world is None or not world.alive:
+            if world is not None:   # ended (its failure already reported its log)
+                world.close()
             world = self.open[size] = World(size, self.mpirun_cmd, self.env)
         return world
 
