@@ -189,6 +189,7 @@ class GradientNoise:
         sum_bn, total, held = summed[0], summed[1], summed[2]
         s = tf.math.divide_no_nan(sum_bn - total * n, held - 1.0)
         g2 = n - tf.math.divide_no_nan(s, total)
+        # squares in float64: a variance is their difference from the squared mean
         s, g2 = tf.cast(s, tf.float64), tf.cast(g2, tf.float64)
         step = tf.stack([s, g2, tf.constant(1.0, tf.float64), s * s, g2 * g2, s * g2])
         self.sums.assign_add(tf.where(held >= 2.0, step, tf.zeros(6, tf.float64)))
