@@ -52,7 +52,7 @@ our_stepds() {  # slurmstepd processes of this cluster (they carry our SLURM_CON
   local p
   for p in /proc/[0-9]*; do
     [ "$(cat "$p/comm" 2>/dev/null)" = slurmstepd ] || continue
-    tr '\0' '\n' < "$p/environ" 2>/dev/null | grep -qx "SLURM_CONF=$DIR/slurm.conf" && echo "${p#/proc/}"
+    tr '\0' '\n' 2>/dev/null < "$p/environ" | grep -qx "SLURM_CONF=$DIR/slurm.conf" && echo "${p#/proc/}"
   done
   return 0
 }
