@@ -121,9 +121,15 @@ def sbatch(env: dict, cwd: Path, args: list, wait: bool = True) -> tuple[int, st
     job = int(p.stdout.strip().split(";")[0])
     if not wait:
         return job, ""
-    wait_for(f"job {job} to end", lambda: job_field(env, job, "JobState") in ENDED, 600)
+    log = lambda: "\n".join(f.read_text() for f in cwd.glob("out-*.txt"))  # noqa: E731
+    try:
+        wait_for(f"job {job} to end", lambda: job_field(env, job, "JobState") in ENDED, 600)
+    except AssertionError as e:   # say where it stood, and leave no job behind
+        state = job_field(env, job, "JobState")
+        subprocess.run(["scancel", str(job)], env={**os.environ, **env}, timeout=60)
+        raise AssertionError(f"{e} (state {state}); its output:\n{log()[-3000:]}") from None
     code = int(job_field(env, job, "ExitCode").split(":")[0])
-    return code, "\n".join(f.read_text() for f in cwd.glob("out-*.txt"))
+    return code, log()
 
 
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
