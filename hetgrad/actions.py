@@ -71,8 +71,8 @@ class Evaluation(Action):
         self.batches = None
 
     def on_epoch_end(self, job, epoch, row):
-        if job.rank != 0 or job.progress.stopped_at_step:   # stopping: no time to score
-            return
+        if job.rank != 0 or job.progress.stopped_at_step or job.progress.split_step:
+            return   # stopping: no time to score; split: not the epoch's end
         if self.batches is None:
             from .data.reader import in_order
             self.batches = in_order(self.test, 512)
@@ -109,7 +109,7 @@ class Balance(Action):
     def on_epoch_end(self, job, epoch, row):
         busy, wait = job.aggregation.timer.read()
         row.update(busy_s=busy, wait_s=wait)
-        if job.progress.stopped_at_step or job.progress.first_step:
+        if job.progress.partial:
             return   # a partial epoch: its timings are not an epoch's
         new = self.rebalancer.after_epoch(epoch, job.plan, busy, wait)
         if new is job.plan:
@@ -151,6 +151,8 @@ class Checkpointing(Action):
         self.checkpointer = checkpointer
 
     def on_epoch_end(self, job, epoch, row):
+        if job.progress.split_step:   # the epoch goes on
+            return
         step = job.progress.stopped_at_step     # stopped in the middle of the epoch
         last = epoch + 1 == job.spec.epochs or job.progress.stop_requested
         if not (step or self.checkpointer.due(epoch + 1, last)):
@@ -202,6 +204,7 @@ class UserCallbacks(Action):
 
     def on_epoch_begin(self, job, epoch):
         self.adapter.first, self.adapter.steps = job.progress.first_step, job.plan.steps_per_epoch
+        self.adapter.progress = job.progress
 
     def on_train_end(self, job):
         self.adapter.finish()

@@ -12,7 +12,7 @@ from . import compat
 from .actions import Action
 from .compat import keras
 from .errors import ConfigError
-from .goodput import BatchChooser, lr_factor
+from .goodput import BatchChooser, aligned, candidates, lr_factor, split_step
 from .partition import Plan, make_plan
 from ._keras.optimizer import set_plan
 
@@ -67,11 +67,18 @@ class AdaptiveBatch(Action):
 
     def on_epoch_begin(self, job, epoch):
         self._keep(job)   # in every checkpoint, also those before the first decision
+        progress = job.progress
+        if epoch == 0 and not progress.first_step and self.rebalancer.in_seconds():
+            b0, lo, hi = self.chooser.b0, self.chooser.lo, self.chooser.hi
+            grid = [b for b in candidates(lo, hi, b0) if b <= b0 * self.chooser.reach]
+            progress.split_at = split_step(job.plan.steps_per_epoch, b0, grid)
 
     def _keep(self, job) -> None:
         job.checkpointer.state["adaptive"] = {"lr_factor": self.factor, "b0": self.chooser.b0}
 
     def on_epoch_end(self, job, epoch, row):
+        if job.progress.split_step:
+            return self._decide_inside(job, row)
         plan = job.plan
         row.update(global_batch=plan.global_batch, lr_factor=self.factor, lr=self.last_lr)
         b_noise = row.get("b_noise_smoothed")
@@ -85,7 +92,32 @@ class AdaptiveBatch(Action):
         choice = self.chooser.choose(plan.global_batch, b_noise,
                                      self._step_time(models, plan, balance, row),
                                      _interval(row.get("b_noise_interval")))
-        # rank 0's choice for all: the measured step times are each rank's own clock
+        self._apply(job, choice, models, row, f"epoch {epoch + 1}")
+
+    def _decide_inside(self, job, row: dict) -> None:
+        """The first choice, after ``progress.split_step`` steps of the first epoch (its
+        time the probe's models' alone: the steps traced), among the batches the epoch can
+        go on with (:func:`~hetgrad.goodput.aligned`); where it goes on."""
+        plan, k = job.plan, job.progress.split_step
+        row.update(global_batch=plan.global_batch, lr_factor=self.factor, lr=self.last_lr)
+        job.progress.continue_step = k
+        b_noise = row.get("b_noise_smoothed")
+        if b_noise is None or b_noise <= 0:
+            return
+        models = [m.model() for m in self.rebalancer.online]
+        exchange_s = min(job.comm.allgather(float(row.get("wait_s", 0.0)))) / k
+        grid = aligned(k * plan.global_batch, candidates(self.chooser.lo, self.chooser.hi,
+                                                         plan.global_batch))
+        choice = self.chooser.choose(
+            plan.global_batch, b_noise,
+            lambda b: _step_s(models, b, plan, self.rebalancer, exchange_s),
+            _interval(row.get("b_noise_interval")), grid=grid)
+        if self._apply(job, choice, models, row, f"step {k} of epoch 1"):
+            job.progress.continue_step = k * plan.global_batch // choice.batch
+
+    def _apply(self, job, choice, models, row: dict, when: str) -> bool:
+        """Rank 0's choice for all (the measured step times are each rank's own clock):
+        into the row, the rate's factor, a re-plan if the batch changed (returned)."""
         choice = job.comm.bcast(choice if job.rank == 0 else None, root=0)
         row.update(batch_next=choice.batch, efficiency=choice.efficiency,
                    goodput_predicted=choice.goodput, batch_changed=choice.changed)
@@ -93,14 +125,16 @@ class AdaptiveBatch(Action):
                                 self.lr_rule)
         self._keep(job)
         if choice.changed:
+            plan = job.plan
             new = _replanned(models, choice.batch, plan, self.rebalancer)
             if job.rank == 0 and self.verbose:
                 print(f"hetgrad: global batch {plan.global_batch} -> {choice.batch} after "
-                      f"epoch {epoch + 1}: B_noise {choice.b_noise:.0f}, predicted goodput "
+                      f"{when}: B_noise {choice.b_noise:.0f}, predicted goodput "
                       f"{_gain(choice)}, "
                       f"learning rate x{self.factor:.3g}, batches {new.batches}", flush=True)
             job.progress.plan = new
             set_plan(job.optimizer, new)
+        return choice.changed
 
     def _step_time(self, models, plan: Plan, balance, row: dict):
         """Seconds per step at a global batch: as measured, at a batch this run has trained

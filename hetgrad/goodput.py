@@ -68,6 +68,33 @@ def candidates(lo: int, hi: int, current: int, per_octave: int = 4) -> list[int]
     return sorted(grid | {hi, current})
 
 
+def aligned(samples: int, grid: list[int], tolerance: float = 0.05) -> list[int]:
+    """Each batch of ``grid`` moved to the nearest within ``tolerance`` (and the grid's
+    bounds) that divides ``samples`` (left out if none does): the batches an epoch can go on with after
+    ``samples`` of its global order, its steps then starting where the order stands."""
+    out, lo, hi = set(), min(grid), max(grid)
+    for c in grid:
+        near = [b for b in range(max(lo, math.ceil(c * (1 - tolerance))),
+                                 min(hi, math.floor(c * (1 + tolerance))) + 1)
+                if samples % b == 0]
+        if near:
+            out.add(min(near, key=lambda b: (abs(b - c), b)))
+    return sorted(out)
+
+
+def split_step(steps: int, b0: int, grid: list[int], fraction: float = 0.1,
+               min_steps: int = 20) -> int:
+    """The step of a first epoch of ``steps`` steps at ``b0`` after which to choose the batch
+    the first time (0: too short an epoch): after ``fraction`` of it (at least ``min_steps``
+    measured), at the step up to twice as late where the most of ``grid`` is
+    :func:`aligned`."""
+    k0 = max(min_steps, math.ceil(fraction * steps))
+    if 4 * k0 > steps:
+        return 0
+    best = max(range(k0, 2 * k0 + 1), key=lambda k: (len(aligned(k * b0, grid)), -k))
+    return best if len(aligned(best * b0, grid)) > 1 else 0
+
+
 def check_range(batch_range, global_batch: int, field: str = "batch_range") -> tuple[int, int]:
     """``(lo, hi)`` of a range holding the starting batch, or a one-line error."""
     try:
@@ -110,14 +137,17 @@ class BatchChooser:
         self.hysteresis, self.reach, self.min_efficiency = hysteresis, reach, min_efficiency
 
     def choose(self, current: int, b_noise: float, step_s: Callable[[int], float | None],
-               interval: tuple[float, float] | None = None) -> BatchChoice:
+               interval: tuple[float, float] | None = None,
+               grid: list[int] | None = None) -> BatchChoice:
         """``step_s(B)``: predicted seconds per step at global batch ``B`` (None: not a
         batch this world can run, e.g. above the ranks' caps). ``interval``: how far
         ``B_noise`` may be off (:meth:`hetgrad.gns.NoiseScale.interval`); the batch moves to
         the best of those that also pay at its cautious end -- a larger batch at the low
         one, a smaller at the high one -- so an uncertain estimate holds the batch, or moves
-        it less far, rather than back and forth."""
-        times = {b: t for b in candidates(self.lo, self.hi, current)
+        it less far, rather than back and forth. ``grid``: the batches to weigh (default
+        :func:`candidates`; the current one is always among them)."""
+        weighed = sorted({*grid, current}) if grid else candidates(self.lo, self.hi, current)
+        times = {b: t for b in weighed
                  if current / self.reach <= b <= current * self.reach
                  and (t := step_s(b)) is not None and t > 0}
         low, high = interval or (b_noise, b_noise)

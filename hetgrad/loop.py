@@ -72,34 +72,23 @@ def run_epochs(job: "Run") -> float:
     a callback sets ``model.stop_training``, e.g. early stopping), with the run's actions
     around every epoch; returns the wall time. A stop request (:mod:`hetgrad.preempt`) ends it
     after the step where the ranks agree on it (or the epoch's end), with its checkpoint, by
-    :class:`~hetgrad.preempt.Preempted` on every rank."""
-    broadcast = hk_callbacks.BroadcastGlobalVariablesCallback(0)  # once, at the start
-    actions, progress, epochs = job.actions, job.progress, job.spec.epochs
+    :class:`~hetgrad.preempt.Preempted` on every rank. An epoch an action splits
+    (``progress.split_at``) is two fits, its row one."""
+    actions, progress = job.actions, job.progress
     check = (_StopCheck(job.comm, STOP_CHECK_EVERY.get(job.comm.kind, 10))
              if job.checkpointer.dir is not None else None)
+    loop_callbacks = [hk_callbacks.BroadcastGlobalVariablesCallback(0)]  # once, at the start
     t0 = time.perf_counter()
     with preempt.listening():
-        for epoch in range(job.start_epoch, epochs):
-            first = job.start_step if epoch == job.start_epoch else 0
-            progress.first_step = first
-            for action in actions:
-                action.on_epoch_begin(job, epoch)
-            callbacks = [broadcast, *(c for a in actions for c in a.callbacks(job)),
-                         *([check] if check else [])]
-            try:
-                row = _fit_epoch(job, epoch, first, callbacks)
-            except BaseException:
-                for action in actions:
-                    with contextlib.suppress(Exception):   # the epoch's error is the one to see
-                        action.on_error(job)
-                raise
-            if check and check.steps and first + check.steps < job.plan.steps_per_epoch:
-                progress.stopped_at_step = row["stopped_at_step"] = first + check.steps
-            early, asked = _agree_on_stopping(job, bool(check and check.steps))
-            progress.stop_requested = bool(progress.stopped_at_step) or (
-                asked and not early and epoch + 1 < epochs)
-            for action in actions:
-                action.on_epoch_end(job, epoch, row)
+        for epoch in range(job.start_epoch, job.spec.epochs):
+            first, part = (job.start_step if epoch == job.start_epoch else 0), None
+            progress.continued = False
+            while True:
+                row, early = _epoch_part(job, epoch, first, part,
+                                         [*loop_callbacks, _Split(progress)], check)
+                if not progress.split_step:
+                    break
+                part, first, progress.continued = row, progress.continue_step, True
             progress.epochs.append(row)
             if early or progress.stop_requested:
                 break
@@ -110,6 +99,65 @@ def run_epochs(job: "Run") -> float:
     if progress.stop_requested:
         _stopped(job)
     return time.perf_counter() - t0
+
+
+def _epoch_part(job: "Run", epoch: int, first: int, part: dict | None, loop_callbacks: list,
+                check) -> tuple[dict, bool]:
+    """One fit of ``epoch`` from step ``first`` (the rest of a split one after ``part``, its
+    first fit's row), with the actions' hooks around it; its row (for a rest: the epoch's)
+    and whether a callback ended the training early. After it the ranks agree whether to
+    stop, or to go on with the epoch after a split (``progress.split_step``)."""
+    progress, actions = job.progress, job.actions
+    progress.first_step, progress.split_at, progress.split_step = first, 0, 0
+    for action in actions:
+        action.on_epoch_begin(job, epoch)
+    callbacks = [*loop_callbacks, *(c for a in actions for c in a.callbacks(job)),
+                 *([check] if check else [])]
+    try:
+        row = _fit_epoch(job, epoch, first, callbacks)
+    except BaseException:
+        for action in actions:
+            with contextlib.suppress(Exception):   # the epoch's error is the one to see
+                action.on_error(job)
+        raise
+    row = _joined(part, row) if part is not None else row
+    if check and check.steps and first + check.steps < job.plan.steps_per_epoch:
+        progress.stopped_at_step = row["stopped_at_step"] = first + check.steps
+    early, asked = _agree_on_stopping(job, bool(check and check.steps or progress.split_step))
+    if progress.split_step and (asked or progress.stopped_at_step):   # a stop wins
+        progress.stopped_at_step = row["stopped_at_step"] = progress.split_step
+        progress.split_step = 0
+    if progress.split_step:
+        row["split_at_step"] = progress.split_step
+    progress.stop_requested = bool(progress.stopped_at_step) or (
+        asked and not early and epoch + 1 < job.spec.epochs)
+    for action in actions:
+        action.on_epoch_end(job, epoch, row)
+    return row, early
+
+
+class _Split(keras.callbacks.Callback):
+    """Ends the fit after step ``progress.split_at`` of the epoch (when an action set one),
+    noting it in ``progress.split_step``."""
+
+    def __init__(self, progress):
+        super().__init__()
+        self.progress = progress
+
+    def on_train_batch_end(self, batch, logs=None):
+        p = self.progress
+        if p.split_at and p.first_step + batch + 1 == p.split_at:
+            p.split_step = p.split_at
+            self.model.stop_training = True
+
+
+def _joined(part: dict, rest: dict) -> dict:
+    """An epoch's row from its two fits': the rest's metrics, the time of both, and the
+    first part's row under ``split``."""
+    row = {k: v for k, v in rest.items() if k != "first_step"}
+    row["time_s"] = part["time_s"] + rest["time_s"]
+    row["split"] = {k: v for k, v in part.items() if k != "epoch"}
+    return row
 
 
 def _stopped(job: "Run"):
@@ -148,7 +196,8 @@ def _fit_epoch(job: "Run", epoch: int, first: int, callbacks: list) -> dict:
             history = job.model.fit(batches, epochs=epoch + 1, initial_epoch=epoch,
                                     steps_per_epoch=job.plan.steps_per_epoch - first,
                                     verbose=0,
-                                    validation_data=job.spec.validation,
+                                    validation_data=None if job.progress.split_at
+                                    else job.spec.validation,   # not inside an epoch
                                     shuffle=False,  # the pipeline orders each epoch itself
                                     callbacks=[clock, metrics, *callbacks])
     except tf.errors.InvalidArgumentError as exc:

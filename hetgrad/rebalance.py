@@ -122,10 +122,15 @@ class Rebalancer:
         entry.noise = self.noise()
         return self._decide(entry, plan)
 
+    def in_seconds(self) -> bool:
+        """Whether the ranks' step models are in seconds (probed, or fitted to an epoch)."""
+        return self.online is not None and not all(
+            m.base.kind == "constant" and not m.points for m in self.online)
+
     def _predicted(self, plan: Plan) -> list[float] | None:
         """Each rank's step time at its batch as its model predicts it, when the models are in
         seconds (probed, or fitted to a measured epoch)."""
-        if all(m.base.kind == "constant" and not m.points for m in self.online):
+        if not self.in_seconds():
             return None
         return [m.model().time(b) for m, b in zip(self.online, plan.batches)]
 

@@ -6,8 +6,8 @@ import math
 import pytest
 
 from hetgrad.errors import ConfigError
-from hetgrad.goodput import (BatchChooser, candidates, check_range, default_lr_rule, efficiency,
-                             gain, lr_factor)
+from hetgrad.goodput import (BatchChooser, aligned, candidates, check_range, default_lr_rule,
+                             efficiency, gain, lr_factor, split_step)
 
 
 def test_efficiency_and_gain_follow_the_noise_scale():
@@ -130,17 +130,20 @@ def test_a_bad_range_is_named(given, problem):
 def test_hk_fit_scales_the_learning_rate_inside_epochs_only(world3):
     """The rate a user's callback reads in the steps is the optimizer's times the batch's
     factor, the same through an epoch; at an epoch's end (where ReduceLROnPlateau reads and
-    sets it) it is the user's own again. A batch grown after an epoch runs fewer steps at a
-    larger rate."""
+    sets it) it is the user's own again. The first choice comes inside the first epoch, which
+    the user's callbacks see as one: its first steps at B_0 and the user's rate, the rest of
+    its samples at a larger batch and rate."""
     from mpi.adaptive import B0, LR, N
     res = world3.run("adaptive:fit").root
     assert res["at_end"] == pytest.approx([LR] * 4)
-    assert all(len(rates) == 1 for rates in res["inside"]), res["inside"]
-    rates = [r[0] for r in res["inside"]]
-    assert rates[0] == pytest.approx(LR) and res["steps"][0] == math.ceil(N / B0)
-    grown = [k for k in range(1, 4) if res["steps"][k] < res["steps"][0]]
-    assert grown, res                       # the batch grew
-    assert all(rates[k] > LR for k in grown), res
+    steps = math.ceil(N / B0)
+    grid = [b for b in candidates(B0, 512, B0) if b <= 4 * B0]
+    k = split_step(steps, B0, grid)
+    assert 20 <= k <= steps // 4
+    (first, at_b0), (rate, rest) = res["runs"][0]           # two runs of one rate each
+    assert first == pytest.approx(LR) and at_b0 == k and rate > LR
+    assert any(rest == math.ceil((N - k * B0) / b) for b in aligned(k * B0, grid) if b > B0)
+    assert all(len(runs) == 1 for runs in res["runs"][1:]), res["runs"]
 
 
 @pytest.fixture(scope="module")
@@ -280,3 +283,39 @@ def test_hk_fit_checks_its_rule_before_any_work():
         with pytest.raises(HetgradError) as err:
             _checked(*args, adaptive, rule)
         assert err.value.field == "lr_rule" and says in str(err.value)
+
+
+def test_aligned_batches_go_on_where_the_order_stands():
+    grid = candidates(100, 800, 100)
+    got = aligned(2800, grid)
+    assert got == [100, 140, 175, 200, 280, 350, 400, 560, 700]
+    assert all(2800 % b == 0 and any(abs(b - c) <= 0.05 * c for c in grid) for b in got)
+    assert aligned(2801, [100, 200]) == []                 # a prime-ish count: none
+
+
+def test_the_first_choice_comes_early_in_a_long_enough_first_epoch():
+    grid = [b for b in candidates(100, 800, 100) if b <= 400]
+    k = split_step(250, 100, grid)
+    assert 25 <= k <= 50                      # after 10 % of the epoch, at most twice that
+    best = max(len(aligned(j * 100, grid)) for j in range(25, 51))
+    assert len(aligned(k * 100, grid)) == best
+    assert split_step(60, 24, grid) == 0      # too short: the decision after the epoch
+
+
+def test_hetgrad_train_chooses_inside_its_first_epoch(world3, tmp_path):
+    """The first epoch (167 steps at B_0 = 24) stops after k steps, chooses, and goes on
+    with the rest of its samples at the new batch: one row, every sample once."""
+    rec = world3.run("training:train", data="mnist1d", global_batch=24, adaptive_batch=True,
+                     batch_range=[24, 384], lr=0.05, quiet=True, probe_steps=2, epochs=2,
+                     out=str(tmp_path / "r.json")).root
+    rows = rec["epochs"]
+    assert [r["epoch"] for r in rows] == [1, 2]
+    part, row = rows[0]["split"], rows[0]
+    k, b = part["split_at_step"], part["batch_next"]
+    assert part["global_batch"] == 24 and part["batch_changed"] and b > 24
+    assert (k * 24) % b == 0 and row["global_batch"] == b == rows[1]["global_batch"]
+    assert row["time_s"] > part["time_s"] and "test_accuracy" in row
+    n = rec["plan"]["dataset_size"]
+    assert k - 1 <= part["gns_steps"] <= k            # the run's first step is not measured
+    assert row["gns_steps"] == math.ceil((n - k * 24) / b), (n, k, b)  # the rest, each once
+    assert row["lr_factor"] > 1 and rows[1]["lr_factor"] == pytest.approx(row["lr_factor"])

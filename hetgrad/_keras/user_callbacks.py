@@ -46,14 +46,23 @@ class OneFit(keras.callbacks.Callback):
     """Keras callbacks that see many ``model.fit`` calls of one epoch each as one ``fit``:
     ``on_train_begin`` once, ``on_train_end`` at :meth:`finish`, ``params["epochs"]`` the
     run's epochs, ``params["steps"]`` the epoch's (``steps``) and batch indices counted from
-    its start (``first``: a resumed epoch's first step). The loop adds it after the metric
-    average: they see metrics over all ranks."""
+    its start (``first``: a resumed epoch's first step), an epoch split in two fits
+    (``progress``, :class:`hetgrad.run.Progress`) begun and ended once. The loop adds it
+    after the metric average: they see metrics over all ranks."""
 
     def __init__(self, callbacks: Sequence, epochs: int):
         super().__init__()
         self.inner, self.total = list(callbacks), epochs
         self.started, self.last_logs, self.forwarded = False, None, None
-        self.first, self.steps = 0, None
+        self.first, self.steps, self.progress = 0, None, None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if not (self.progress and self.progress.continued):
+            self._call("on_epoch_begin", epoch, logs)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if not (self.progress and self.progress.split_step):
+            self._call("on_epoch_end", epoch, logs)
 
     def set_model(self, model):
         if model is not self.forwarded:   # once a run (TensorBoard opens its writers there)
@@ -95,7 +104,7 @@ def _forward(hook: str, batch: bool = False):
     return method
 
 
-for _hook in ("on_epoch_begin", "on_epoch_end", "on_test_begin", "on_test_end",
+for _hook in ("on_test_begin", "on_test_end",
               "on_test_batch_begin", "on_test_batch_end"):
     setattr(OneFit, _hook, _forward(_hook))
 for _hook in ("on_train_batch_begin", "on_train_batch_end"):

@@ -12,19 +12,27 @@ N, B0, LR = 3000, 16, 0.02
 
 
 class SeenRates(keras.callbacks.Callback):
-    """Per epoch: the learning rate in its steps (a set), at its end, and its step count."""
+    """Per epoch: the learning rate in its steps (a set; ``runs``: [rate, steps] in order),
+    at its end, and its step count."""
 
     def __init__(self):
         super().__init__()
-        self.inside, self.at_end, self.steps = [], [], []
+        self.inside, self.at_end, self.steps, self.runs = [], [], [], []
 
     def on_epoch_begin(self, epoch, logs=None):
         self.inside.append(set())
         self.steps.append(0)
+        self.runs.append([])
 
     def on_train_batch_end(self, batch, logs=None):
-        self.inside[-1].add(round(compat.learning_rate(self.model.optimizer), 9))
+        rate = round(compat.learning_rate(self.model.optimizer), 9)
+        self.inside[-1].add(rate)
         self.steps[-1] += 1
+        runs = self.runs[-1]
+        if runs and runs[-1][0] == rate:
+            runs[-1][1] += 1
+        else:
+            runs.append([rate, 1])
 
     def on_epoch_end(self, epoch, logs=None):
         self.at_end.append(compat.learning_rate(self.model.optimizer))
@@ -66,5 +74,5 @@ def fit(epochs: int = 4, fail: bool = False) -> dict:
     except RuntimeError as exc:
         raised = str(exc)
     return {"inside": [sorted(s) for s in seen.inside], "at_end": seen.at_end,
-            "steps": seen.steps, "raised": raised,
+            "steps": seen.steps, "runs": seen.runs, "raised": raised,
             "lr_after": compat.learning_rate(model.optimizer)}
