@@ -1,5 +1,6 @@
 """The goodput-driven global batch as an action of the run (:mod:`hetgrad.actions`): after
-each epoch, from the noise scale (:class:`hetgrad.observe.Noise`) and the ranks'
+each epoch (the first time inside the first, :func:`~hetgrad.goodput.split_step`), from the
+noise scale (:class:`hetgrad.observe.Noise`) and the ranks'
 step models (:class:`hetgrad.rebalance.Rebalancer`), :class:`~hetgrad.goodput.BatchChooser`
 picks the next epoch's global batch; a new one is re-planned over the ranks at once, and the
 learning rate the user set (for the starting batch) is multiplied by
@@ -13,7 +14,7 @@ from .actions import Action
 from .compat import keras
 from .errors import ConfigError
 from .goodput import BatchChooser, aligned, candidates, lr_factor, split_step
-from .partition import Plan, make_plan
+from .partition import Plan, full_tail, make_plan
 from ._keras.optimizer import set_plan
 
 
@@ -89,9 +90,12 @@ class AdaptiveBatch(Action):
             return   # no estimate yet, no epoch measured (a partial one), none left, or
             #          a first epoch (tracing) and no step models in seconds to go by
         models = [m.model() for m in self.rebalancer.online]
-        choice = self.chooser.choose(plan.global_batch, b_noise,
-                                     self._step_time(models, plan, balance, row),
-                                     _interval(row.get("b_noise_interval")))
+        c, samples = self.chooser, plan.dataset_size - plan.dropped
+        grid = sorted({full_tail(b, samples, c.lo)    # no last step of a few samples
+                       for b in candidates(c.lo, c.hi, plan.global_batch)})
+        choice = c.choose(plan.global_batch, b_noise,
+                          self._step_time(models, plan, balance, row),
+                          _interval(row.get("b_noise_interval")), grid=grid)
         self._apply(job, choice, models, row, f"epoch {epoch + 1}")
 
     def _decide_inside(self, job, row: dict) -> None:

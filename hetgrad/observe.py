@@ -62,8 +62,8 @@ class Scalars(Action):
                 print(f"hetgrad: TensorBoard scalars -> {self.writer.dir}", flush=True)
 
     def on_epoch_end(self, job, epoch, row):
-        if self.writer is None or self.failed:
-            return
+        if self.writer is None or self.failed or job.progress.split_step:
+            return   # (an epoch split: its row, once, at its end)
         from .scalars import epoch_scalars
         lr = row.get("lr")   # the adaptive batch's scaled one
         try:

@@ -7,6 +7,7 @@ the JSON record (:func:`finish`)."""
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import asdict, replace
 
 import tensorflow as tf
@@ -168,3 +169,5 @@ def _announce(run: Run, cfg: TrainConfig) -> None:
           f"{plan.steps_per_epoch} steps/epoch of the global order"
           + (f", {plan.dropped} samples of each epoch's tail left out" if plan.dropped else ""),
           flush=True)
+    if warning := plan.thin_tail():
+        print(f"hetgrad: warning: {warning}", file=sys.stderr, flush=True)

@@ -319,3 +319,4 @@ def test_hetgrad_train_chooses_inside_its_first_epoch(world3, tmp_path):
     assert k - 1 <= part["gns_steps"] <= k            # the run's first step is not measured
     assert row["gns_steps"] == math.ceil((n - k * 24) / b), (n, k, b)  # the rest, each once
     assert row["lr_factor"] > 1 and rows[1]["lr_factor"] == pytest.approx(row["lr_factor"])
+

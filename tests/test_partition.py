@@ -5,7 +5,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from hetgrad.errors import HetgradError
-from hetgrad.partition import Plan, fixed_plan, make_plan
+from hetgrad.goodput import candidates
+from hetgrad.partition import Plan, fixed_plan, full_tail, make_plan
 
 
 def test_batches_proportional_and_sum_exactly():
@@ -114,3 +115,24 @@ def test_plan_roundtrip_and_wrong_rank_count(tmp_path):
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(HetgradError, match="plan: cannot read plan file"):
         Plan.load(tmp_path / "bad.json")
+
+
+def test_a_chosen_batch_leaves_no_last_step_of_a_few_samples():
+    assert full_tail(476, 20000) == 466 and 20000 - 42 * 466 == 428   # not 8 at 476
+    for n in (20000, 1437, 99991):
+        for b in candidates(24, 4096, 24):
+            f = full_tail(b, n, 24)
+            steps = math.ceil(n / b)
+            assert 24 <= f <= b and math.ceil(n / f) == steps or f == 24
+            if f > 24:
+                assert n - (steps - 1) * f > f - steps      # the last step nearly full
+    assert full_tail(100, 20000) == 100                    # a batch that divides stays
+
+
+def test_a_plan_with_a_thin_last_step_says_so():
+    warning = fixed_plan([238, 238], 20000).thin_tail()
+    assert "holds 8 of 476 samples" in warning and "global batch 466" in warning
+    assert "--drop-remainder" in warning
+    assert fixed_plan([233, 233], 20000).thin_tail() is None          # 428 of 466
+    assert fixed_plan([238, 238], 20000, drop_remainder=True).thin_tail() is None
+    assert fixed_plan([50, 50], 20000).thin_tail() is None            # none: it divides

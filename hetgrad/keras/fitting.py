@@ -5,6 +5,7 @@ between epochs, checkpoint/resume -- as a front end over the same assembly and e
 from __future__ import annotations
 
 import shutil
+import sys
 from dataclasses import asdict
 from typing import Sequence
 
@@ -81,6 +82,8 @@ def fit(model, x, y=None, *, global_batch: int, epochs: int, validation_data=Non
     if comm.rank == 0 and verbose:
         print(f"hetgrad: plan batches {run.plan.batches} (B={run.plan.global_batch}), "
               f"{run.plan.steps_per_epoch} steps/epoch", flush=True)
+        if warning := run.plan.thin_tail("drop_remainder=True"):
+            print(f"hetgrad: warning: {warning}", file=sys.stderr, flush=True)
     run_epochs(run)
     if drop_backup and comm.rank == 0:   # a finished run's backup goes, as Keras' does
         shutil.rmtree(checkpoint_dir, ignore_errors=True)
