@@ -13,8 +13,8 @@ from . import compat
 from .actions import Action
 from .compat import keras
 from .errors import ConfigError
-from .goodput import BatchChooser, aligned, candidates, lr_factor, split_step
-from .partition import Plan, full_tail, make_plan
+from .goodput import BatchChooser, aligned, candidates, full_tail, lr_factor, split_step
+from .partition import Plan, make_plan
 from ._keras.optimizer import set_plan
 
 

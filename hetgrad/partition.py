@@ -11,18 +11,9 @@ from pathlib import Path
 from typing import Sequence
 
 from .errors import ConfigError, HetgradError, InputFileError
+from .goodput import full_tail
 from .io import read_json, typed, write_json
 from .perfmodel import StepModel, constant, equal_time_batches, throughput
-
-
-def full_tail(batch: int, samples: int, lo: int = 1) -> int:
-    """The smallest global batch (not below ``lo``) that splits ``samples`` into as many
-    steps as ``batch`` does: its last step nearly full. (20,000 samples at 476 leave a last
-    step of 8 -- a mean gradient over 8 samples taken at the full rate, which Adam scales to
-    a full-size step: every test-accuracy drop of the goodput runs came after such an epoch;
-    at 466 the last step holds 428.)"""
-    steps = math.ceil(samples / batch)
-    return max(lo, min(batch, math.ceil(samples / steps)))
 
 
 @dataclass(frozen=True)

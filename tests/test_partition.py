@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from hetgrad.errors import HetgradError
-from hetgrad.goodput import candidates
-from hetgrad.partition import Plan, fixed_plan, full_tail, make_plan
+from hetgrad.goodput import candidates, full_tail
+from hetgrad.partition import Plan, fixed_plan, make_plan
 
 
 def test_batches_proportional_and_sum_exactly():

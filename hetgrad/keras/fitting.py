@@ -80,15 +80,19 @@ def fit(model, x, y=None, *, global_batch: int, epochs: int, validation_data=Non
         adaptive_batch=adaptive_batch, lr_rule=lr_rule,
         callbacks=[history, *callbacks, *progress_callbacks(verbose, comm.rank)]))
     if comm.rank == 0 and verbose:
-        print(f"hetgrad: plan batches {run.plan.batches} (B={run.plan.global_batch}), "
-              f"{run.plan.steps_per_epoch} steps/epoch", flush=True)
-        if warning := run.plan.thin_tail("drop_remainder=True"):
-            print(f"hetgrad: warning: {warning}", file=sys.stderr, flush=True)
+        _announce(run.plan)
     run_epochs(run)
     if drop_backup and comm.rank == 0:   # a finished run's backup goes, as Keras' does
         shutil.rmtree(checkpoint_dir, ignore_errors=True)
     model.history = history
     return history
+
+
+def _announce(plan: Plan) -> None:
+    print(f"hetgrad: plan batches {plan.batches} (B={plan.global_batch}), "
+          f"{plan.steps_per_epoch} steps/epoch", flush=True)
+    if warning := plan.thin_tail("drop_remainder=True"):
+        print(f"hetgrad: warning: {warning}", file=sys.stderr, flush=True)
 
 
 def _checked(comm, model, x, y, global_batch: int, min_batch: int, max_batch,
