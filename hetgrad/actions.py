@@ -109,8 +109,9 @@ class Balance(Action):
     def on_epoch_end(self, job, epoch, row):
         busy, wait = job.aggregation.timer.read()
         row.update(busy_s=busy, wait_s=wait)
-        if job.progress.partial:
-            return   # a partial epoch: its timings are not an epoch's
+        if job.progress.partial:   # its timings are not an epoch's; a split one's rest
+            self.rebalancer.traced |= job.progress.continued   # traced the step at its plan
+            return
         new = self.rebalancer.after_epoch(epoch, job.plan, busy, wait)
         if new is job.plan:
             return

@@ -13,7 +13,8 @@ from . import compat
 from .actions import Action
 from .compat import keras
 from .errors import ConfigError
-from .goodput import BatchChooser, aligned, candidates, full_tail, lr_factor, split_step
+from .goodput import (BatchChooser, aligned, candidates, full_tail, lr_factor, split_step,
+                      thin)
 from .partition import Plan, make_plan
 from ._keras.optimizer import set_plan
 
@@ -91,7 +92,8 @@ class AdaptiveBatch(Action):
             #          a first epoch (tracing) and no step models in seconds to go by
         models = [m.model() for m in self.rebalancer.online]
         c, samples = self.chooser, plan.dataset_size - plan.dropped
-        grid = sorted({full_tail(b, samples, c.lo)    # no last step of a few samples
+        grid = sorted({b if self.rebalancer.drop_remainder   # (dropped: no step of a few)
+                       else full_tail(b, samples, c.lo)      # no last step of a few samples
                        for b in candidates(c.lo, c.hi, plan.global_batch)})
         choice = c.choose(plan.global_batch, b_noise,
                           self._step_time(models, plan, balance, row),
@@ -110,8 +112,10 @@ class AdaptiveBatch(Action):
             return
         models = [m.model() for m in self.rebalancer.online]
         exchange_s = min(job.comm.allgather(float(row.get("wait_s", 0.0)))) / k
-        grid = aligned(k * plan.global_batch, candidates(self.chooser.lo, self.chooser.hi,
-                                                         plan.global_batch))
+        samples, drop = plan.dataset_size - plan.dropped, self.rebalancer.drop_remainder
+        grid = [b for b in aligned(k * plan.global_batch, candidates(   # the batch stays:
+                    self.chooser.lo, self.chooser.hi, plan.global_batch))  # no thin last step
+                if b == plan.global_batch or drop or not thin(b, samples)]
         choice = self.chooser.choose(
             plan.global_batch, b_noise,
             lambda b: _step_s(models, b, plan, self.rebalancer, exchange_s),

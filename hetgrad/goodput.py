@@ -78,6 +78,11 @@ def full_tail(batch: int, samples: int, lo: int = 1) -> int:
     return max(lo, min(batch, math.ceil(samples / steps)))
 
 
+def thin(batch: int, samples: int) -> bool:
+    """Whether ``samples`` in steps of ``batch`` leave a last step under a tenth of it."""
+    return 0 < samples % batch < batch / 10
+
+
 def aligned(samples: int, grid: list[int], tolerance: float = 0.05) -> list[int]:
     """Each batch of ``grid`` moved to the nearest within ``tolerance`` (and the grid's
     bounds) that divides ``samples`` (left out if none does): the batches an epoch can go on with after

@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import tensorflow as tf
@@ -23,14 +24,19 @@ if TYPE_CHECKING:
 
 class _EpochClock(keras.callbacks.Callback):
     """Seconds of ``model.fit``'s epoch: ``seconds`` its training steps, ``validation`` the
-    validation after them (``validation_data``), if any."""
+    validation after them (``validation_data``), if any. The rest of a split epoch
+    (``progress.continued``) goes on counting from its first fit's start: the decision
+    between the fits is the epoch's time too."""
 
-    def __init__(self):
+    def __init__(self, progress):
         super().__init__()
+        self.progress = progress
         self.t0, self.trained, self.seconds, self.validation = time.perf_counter(), None, 0, 0
 
     def on_epoch_begin(self, epoch, logs=None):
-        self.t0, self.trained = time.perf_counter(), None
+        if not self.progress.continued:
+            self.t0 = time.perf_counter()
+        self.trained = None
 
     def on_test_begin(self, logs=None):
         if self.trained is None:
@@ -75,17 +81,17 @@ def run_epochs(job: "Run") -> float:
     :class:`~hetgrad.preempt.Preempted` on every rank. An epoch an action splits
     (``progress.split_at``) is two fits, its row one."""
     actions, progress = job.actions, job.progress
-    check = (_StopCheck(job.comm, STOP_CHECK_EVERY.get(job.comm.kind, 10))
-             if job.checkpointer.dir is not None else None)
-    loop_callbacks = [hk_callbacks.BroadcastGlobalVariablesCallback(0)]  # once, at the start
+    own = _Own(clock=_EpochClock(progress), split=_Split(progress),
+               broadcast=hk_callbacks.BroadcastGlobalVariablesCallback(0),  # once, at the start
+               check=_StopCheck(job.comm, STOP_CHECK_EVERY.get(job.comm.kind, 10))
+               if job.checkpointer.dir is not None else None)
     t0 = time.perf_counter()
     with preempt.listening():
         for epoch in range(job.start_epoch, job.spec.epochs):
             first, part = (job.start_step if epoch == job.start_epoch else 0), None
             progress.continued = False
             while True:
-                row, early = _epoch_part(job, epoch, first, part,
-                                         [*loop_callbacks, _Split(progress)], check)
+                row, early = _epoch_part(job, epoch, first, part, own)
                 if not progress.split_step:
                     break
                 part, first, progress.continued = row, progress.continue_step, True
@@ -101,8 +107,23 @@ def run_epochs(job: "Run") -> float:
     return time.perf_counter() - t0
 
 
-def _epoch_part(job: "Run", epoch: int, first: int, part: dict | None, loop_callbacks: list,
-                check) -> tuple[dict, bool]:
+@dataclass
+class _Own:
+    """The loop's own Keras callbacks: the same objects in every fit of the run."""
+
+    clock: _EpochClock
+    split: "_Split"
+    broadcast: Any
+    check: _StopCheck | None
+
+    def around(self, theirs: list) -> list:
+        """Every fit's callbacks but the clock and the metric average, ``theirs`` the
+        actions'."""
+        return [self.broadcast, self.split, *theirs, *([self.check] if self.check else [])]
+
+
+def _epoch_part(job: "Run", epoch: int, first: int, part: dict | None,
+                own: _Own) -> tuple[dict, bool]:
     """One fit of ``epoch`` from step ``first`` (the rest of a split one after ``part``, its
     first fit's row), with the actions' hooks around it; its row (for a rest: the epoch's)
     and whether a callback ended the training early. After it the ranks agree whether to
@@ -111,10 +132,10 @@ def _epoch_part(job: "Run", epoch: int, first: int, part: dict | None, loop_call
     progress.first_step, progress.split_at, progress.split_step = first, 0, 0
     for action in actions:
         action.on_epoch_begin(job, epoch)
-    callbacks = [*loop_callbacks, *(c for a in actions for c in a.callbacks(job)),
-                 *([check] if check else [])]
+    check = own.check
     try:
-        row = _fit_epoch(job, epoch, first, callbacks)
+        row = _fit_epoch(job, epoch, first, own.clock,
+                         own.around([c for a in actions for c in a.callbacks(job)]))
     except BaseException:
         for action in actions:
             with contextlib.suppress(Exception):   # the epoch's error is the one to see
@@ -145,17 +166,16 @@ class _Split(keras.callbacks.Callback):
         self.progress = progress
 
     def on_train_batch_end(self, batch, logs=None):
-        p = self.progress
-        if p.split_at and p.first_step + batch + 1 == p.split_at:
-            p.split_step = p.split_at
+        p = self.progress   # (>=: with steps_per_execution the step may be passed)
+        if p.split_at and not p.split_step and p.first_step + batch + 1 >= p.split_at:
+            p.split_step = p.first_step + batch + 1
             self.model.stop_training = True
 
 
 def _joined(part: dict, rest: dict) -> dict:
-    """An epoch's row from its two fits': the rest's metrics, the time of both, and the
-    first part's row under ``split``."""
+    """An epoch's row from its two fits': the rest's (its metrics; its time counted from the
+    first fit's start), the first fit's row under ``split``."""
     row = {k: v for k, v in rest.items() if k != "first_step"}
-    row["time_s"] = part["time_s"] + rest["time_s"]
     row["split"] = {k: v for k, v in part.items() if k != "epoch"}
     return row
 
@@ -184,10 +204,9 @@ def _agree_on_stopping(job: "Run", checked: bool = False) -> tuple[bool, bool]:
     return early, asked
 
 
-def _fit_epoch(job: "Run", epoch: int, first: int, callbacks: list) -> dict:
+def _fit_epoch(job: "Run", epoch: int, first: int, clock: _EpochClock, callbacks: list) -> dict:
     """One ``model.fit`` epoch (from step ``first``) on the plan in effect; the epoch's row
     (metrics over all ranks, averaged before the actions' callbacks see them)."""
-    clock = _EpochClock()
     batches = job.batches(epoch, first)
     metrics = hk_callbacks.MetricAverageCallback(job.plan.shard_sizes[job.rank])
     job.aggregation.step.assign(first)   # where the plan's weights are in the epoch

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Sequence
 
 from .errors import ConfigError, HetgradError, InputFileError
-from .goodput import full_tail
+from .goodput import full_tail, thin
 from .io import read_json, typed, write_json
 from .perfmodel import StepModel, constant, equal_time_batches, throughput
 
@@ -48,12 +48,11 @@ class Plan:
     def thin_tail(self, drop: str = "--drop-remainder") -> str | None:
         """A warning when each epoch's last step holds under a tenth of the global batch
         (None otherwise); ``drop``: what leaves the tail out, as the user gives it."""
-        samples = self.dataset_size - self.dropped
-        tail = samples - (self.steps_per_epoch - 1) * self.global_batch
-        if self.steps_per_epoch < 2 or tail >= self.global_batch / 10:
+        samples, batch = self.dataset_size - self.dropped, self.global_batch
+        if self.steps_per_epoch < 2 or not thin(batch, samples):
             return None
-        better = full_tail(self.global_batch, samples)
-        return (f"the last step of every epoch holds {tail} of {self.global_batch} samples, a "
+        tail, better = samples % batch, full_tail(batch, samples)
+        return (f"the last step of every epoch holds {tail} of {batch} samples, a "
                 f"mean gradient over {tail} taken at the full rate; global batch {better} "
                 f"gives as many steps with a full last one (or {drop} leaves it out)")
 

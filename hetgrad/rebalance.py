@@ -99,6 +99,7 @@ class Rebalancer:
         self.drop_remainder = drop_remainder
         self.online = [OnlineModel(m) for m in models] if models is not None else None
         self.history: list[EpochBalance] = []
+        self.traced = False   # the step traced in a fit no entry records (a split epoch's rest)
 
     def after_epoch(self, epoch: int, plan: Plan, busy_s: float, wait_s: float) -> Plan:
         """Gather every rank's timing for ``epoch`` (0-based) and return the plan for the next."""
@@ -112,7 +113,7 @@ class Rebalancer:
                                                                            busy)],
                              measured_step_s=step_s, predicted_step_s=self._predicted(plan),
                              imbalance=imbalance(busy),
-                             batches=list(plan.batches), warmup=not self.history)
+                             batches=list(plan.batches), warmup=not (self.history or self.traced))
         self.history.append(entry)
         if entry.warmup:
             return plan
@@ -151,8 +152,8 @@ class Rebalancer:
         if self.threshold is None or candidate.batches == plan.batches:
             return plan
         entry.wanted = entry.predicted_gain > max(self.threshold, 2 * entry.noise)
-        before = self.history[-2]
-        confirmed = before.wanted and not before.replanned
+        before = self.history[-2] if len(self.history) > 1 else None
+        confirmed = before is not None and before.wanted and not before.replanned
         if not entry.wanted or (entry.predicted_gain < CONFIRM_BELOW and not confirmed):
             return plan
         entry.replanned, entry.new_batches = True, list(candidate.batches)
