@@ -119,7 +119,7 @@ class _Own:
     def around(self, theirs: list) -> list:
         """Every fit's callbacks but the clock and the metric average, ``theirs`` the
         actions'."""
-        return [self.broadcast, self.split, *theirs, *([self.check] if self.check else [])]
+        return [self.broadcast, *theirs, self.split, *([self.check] if self.check else [])]
 
 
 def _epoch_part(job: "Run", epoch: int, first: int, part: dict | None,
@@ -159,7 +159,8 @@ def _epoch_part(job: "Run", epoch: int, first: int, part: dict | None,
 
 class _Split(keras.callbacks.Callback):
     """Ends the fit after step ``progress.split_at`` of the epoch (when an action set one),
-    noting it in ``progress.split_step``."""
+    noting it in ``progress.split_step``; after the actions' callbacks, so that a stop of
+    theirs is not taken for a split."""
 
     def __init__(self, progress):
         super().__init__()
@@ -167,6 +168,8 @@ class _Split(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         p = self.progress   # (>=: with steps_per_execution the step may be passed)
+        if self.model.stop_training:   # a user's callback ended the training: no split
+            return
         if p.split_at and not p.split_step and p.first_step + batch + 1 >= p.split_at:
             p.split_step = p.first_step + batch + 1
             self.model.stop_training = True

@@ -108,6 +108,7 @@ def test_the_epoch_clock_leaves_validation_apart():
     ``model.fit`` (``validation_data``) is ``validation_s`` -- the adaptive batch's measured
     step time must not hold it."""
     import time
+    from types import SimpleNamespace
 
     from hetgrad.compat import keras
     from hetgrad.loop import _EpochClock
@@ -119,7 +120,11 @@ def test_the_epoch_clock_leaves_validation_apart():
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
     model.compile(optimizer="sgd", loss="mse")
     x, y = np.ones((8, 3), np.float32), np.ones((8, 1), np.float32)
-    clock = _EpochClock()
+    progress = SimpleNamespace(continued=False)
+    clock = _EpochClock(progress)
     model.fit(x, y, batch_size=8, epochs=1, validation_data=(x, y), verbose=0,
               callbacks=[clock, SlowValidation()])
     assert clock.validation >= 0.3 and clock.seconds > 0   # the sleep is validation's
+    progress.continued = True       # the rest of a split epoch counts from the first's start
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[clock])
+    assert clock.seconds >= 0.3 and clock.validation == 0

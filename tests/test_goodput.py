@@ -285,6 +285,19 @@ def test_hk_fit_checks_its_rule_before_any_work():
         assert err.value.field == "lr_rule" and says in str(err.value)
 
 
+def test_a_split_epoch_stopped_in_its_rest_and_resumed_trains_every_sample_once(
+        world3, tmp_path):
+    """hk.fit's first epoch chooses after k steps at B_0, is asked to stop 3 steps into its
+    rest (under the new plan), and is resumed: over the ranks and both processes, every
+    sample trained exactly once."""
+    from mpi.adaptive import B0, N
+    r = world3.run("adaptive:ids_split", str(tmp_path / "ck"))
+    assert sorted(sum((v["ids"] for v in r.values), [])) == list(range(N))
+    stop, k = r.root["stopped"], r.root["k"]
+    assert stop["epoch"] == 0 and stop["batch"] > B0, stop     # in the rest, at the new batch
+    assert stop["step"] * stop["batch"] > k * B0                 # past where the rest began
+
+
 def test_aligned_batches_go_on_where_the_order_stands():
     grid = candidates(100, 800, 100)
     got = aligned(2800, grid)

@@ -1,12 +1,20 @@
 """The goodput-driven global batch through hk.fit: the learning rate a user's callbacks see
 inside and at the end of each epoch, and the steps each epoch ran (the case
 ``adaptive:fit`` of a test world, tests/world.py)."""
+import json
+import os
+import signal
+from pathlib import Path
+
 import numpy as np
+import tensorflow as tf
 
 import hetgrad
 import hetgrad.keras as hk
 from hetgrad import compat
 from hetgrad.compat import keras
+from hetgrad.goodput import candidates, split_step
+from hetgrad.preempt import Preempted
 
 N, B0, LR = 3000, 16, 0.02
 
@@ -76,3 +84,68 @@ def fit(epochs: int = 4, fail: bool = False) -> dict:
     return {"inside": [sorted(s) for s in seen.inside], "at_end": seen.at_end,
             "steps": seen.steps, "runs": seen.runs, "raised": raised,
             "lr_after": compat.learning_rate(model.optimizer)}
+
+
+class IdModel(keras.Model):
+    """Trains on ``x["features"]`` and logs ``x["id"]`` of every sample it trains on."""
+
+    def train_step(self, data):
+        x, y = data
+        tf.py_function(lambda ids: self.seen.extend(ids.numpy().tolist()) or 0, [x["id"]],
+                       tf.int64)
+        with tf.GradientTape() as tape:
+            loss = self.compute_loss(x=x, y=y, y_pred=self(x["features"], training=True))
+        self.optimizer.apply_gradients(zip(tape.gradient(loss, self.trainable_variables),
+                                           self.trainable_variables))
+        return {"loss": loss}
+
+
+class _Trained(keras.callbacks.Callback):
+    """Keeps the ids the run trains on (not the probe's: ``seen`` starts empty at the
+    training's begin) in ``kept``; SIGUSR1 to this process after the ``stop_after``-th step
+    this callback sees, on the last rank."""
+
+    def __init__(self, kept: list, stop_after: int = 0):
+        super().__init__()
+        self.kept, self.stop_after, self.count = kept, stop_after, 0
+
+    def on_train_begin(self, logs=None):
+        self.model.seen.clear()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.count += 1
+        if self.count == self.stop_after and hetgrad.init().rank == hetgrad.init().size - 1:
+            os.kill(os.getpid(), signal.SIGUSR1)
+
+    def on_train_end(self, logs=None):
+        self.kept.extend(self.model.seen)
+
+
+def ids_split(ckpt: str) -> dict:
+    """One epoch of hk.fit with the adaptive batch from 16, asked to stop 3 steps into the
+    rest of the epoch after its first choice, then resumed: the ids this rank trained on,
+    and the checkpoint's place."""
+    hetgrad.init()
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(N, 20)).astype(np.float32)
+    y = (np.argmax(x[:, :4] + 2.0 * rng.normal(size=(N, 4)), axis=1)).astype(np.int64)
+    grid = [b for b in candidates(B0, 512, B0) if b <= 4 * B0]
+    k = split_step(-(-N // B0), B0, grid)
+    kept, stopped = [], None
+    for resume, stop_after in ((False, k + 3), (True, 0)):
+        keras.utils.set_random_seed(1)
+        inp = keras.Input((20,))
+        model = IdModel(inp, keras.layers.Dense(4)(inp))
+        model.seen = []
+        model.compile(optimizer=keras.optimizers.SGD(LR),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        try:
+            hk.fit(model, {"features": x, "id": np.arange(N)}, y, global_batch=B0, epochs=1,
+                   adaptive_batch=(B0, 512), checkpoint_dir=ckpt, resume=resume,
+                   callbacks=[_Trained(kept, stop_after)], verbose=0)
+        except Preempted:   # (rank 0 saved the checkpoint: its word on it)
+            stopped = hetgrad.init().rank == 0 and json.loads(
+                (Path(ckpt) / "state.json").read_text())
+    return {"ids": kept, "k": k, "stopped": stopped and {
+        "epoch": stopped["epoch"], "step": stopped["step"],
+        "batch": stopped["plan"]["global_batch"]}}
