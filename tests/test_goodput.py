@@ -316,20 +316,20 @@ def test_the_first_choice_comes_early_in_a_long_enough_first_epoch():
 
 
 def test_hetgrad_train_chooses_inside_its_first_epoch(world3, tmp_path):
-    """The first epoch (167 steps at B_0 = 24) stops after k steps, chooses, and goes on
+    """The first epoch (90 steps at B_0 = 16) stops after k steps, chooses, and goes on
     with the rest of its samples at the new batch: one row, every sample once."""
-    rec = world3.run("training:train", data="mnist1d", global_batch=24, adaptive_batch=True,
-                     batch_range=[24, 384], lr=0.05, quiet=True, probe_steps=2, epochs=2,
+    rec = world3.run("training:train", data="digits", global_batch=16, adaptive_batch=True,
+                     batch_range=[16, 256], lr=0.05, quiet=True, probe_steps=2, epochs=2,
                      out=str(tmp_path / "r.json")).root
     rows = rec["epochs"]
     assert [r["epoch"] for r in rows] == [1, 2]
     part, row = rows[0]["split"], rows[0]
     k, b = part["split_at_step"], part["batch_next"]
-    assert part["global_batch"] == 24 and part["batch_changed"] and b > 24
-    assert (k * 24) % b == 0 and row["global_batch"] == b == rows[1]["global_batch"]
+    assert part["global_batch"] == 16 and part["batch_changed"] and b > 16
+    assert (k * 16) % b == 0 and row["global_batch"] == b == rows[1]["global_batch"]
     assert row["time_s"] > part["time_s"] and "test_accuracy" in row
     n = rec["plan"]["dataset_size"]
     assert k - 1 <= part["gns_steps"] <= k            # the run's first step is not measured
-    assert row["gns_steps"] == math.ceil((n - k * 24) / b), (n, k, b)  # the rest, each once
+    assert row["gns_steps"] == math.ceil((n - k * 16) / b), (n, k, b)  # the rest, each once
     assert row["lr_factor"] > 1 and rows[1]["lr_factor"] == pytest.approx(row["lr_factor"])
 
