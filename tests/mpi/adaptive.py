@@ -7,7 +7,6 @@ import signal
 from pathlib import Path
 
 import numpy as np
-import tensorflow as tf
 
 import hetgrad
 import hetgrad.keras as hk
@@ -86,20 +85,6 @@ def fit(epochs: int = 4, fail: bool = False) -> dict:
             "lr_after": compat.learning_rate(model.optimizer)}
 
 
-class IdModel(keras.Model):
-    """Trains on ``x["features"]`` and logs ``x["id"]`` of every sample it trains on."""
-
-    def train_step(self, data):
-        x, y = data
-        tf.py_function(lambda ids: self.seen.extend(ids.numpy().tolist()) or 0, [x["id"]],
-                       tf.int64)
-        with tf.GradientTape() as tape:
-            loss = self.compute_loss(x=x, y=y, y_pred=self(x["features"], training=True))
-        self.optimizer.apply_gradients(zip(tape.gradient(loss, self.trainable_variables),
-                                           self.trainable_variables))
-        return {"loss": loss}
-
-
 class _Trained(keras.callbacks.Callback):
     """Keeps the ids the run trains on (not the probe's: ``seen`` starts empty at the
     training's begin) in ``kept``; SIGUSR1 to this process after the ``stop_after``-th step
@@ -125,6 +110,7 @@ def ids_split(ckpt: str) -> dict:
     """One epoch of hk.fit with the adaptive batch from 16, asked to stop 3 steps into the
     rest of the epoch after its first choice, then resumed: the ids this rank trained on,
     and the checkpoint's place."""
+    from global_order import IdModel   # tests/mpi/, on the ranks' path
     hetgrad.init()
     rng = np.random.default_rng(0)
     x = rng.normal(size=(N, 20)).astype(np.float32)
