@@ -37,6 +37,11 @@ class Action:
     def on_epoch_end(self, job: "Job", epoch: int, row: dict) -> None:
         """``row`` is the epoch's record entry (loss, accuracy, time_s, ...); add to it."""
 
+    def on_split(self, job: "Job", epoch: int, row: dict) -> None:
+        """The first fit of an epoch split to decide inside it (``progress.split_step``)
+        ended, ``row`` its own; the epoch goes on (the loop: its hooks again, a second fit,
+        then ``on_epoch_end`` with the epoch's row)."""
+
     def on_train_end(self, job: "Job") -> None:
         pass
 
@@ -71,8 +76,8 @@ class Evaluation(Action):
         self.batches = None
 
     def on_epoch_end(self, job, epoch, row):
-        if job.rank != 0 or job.progress.stopped_at_step or job.progress.split_step:
-            return   # stopping: no time to score; split: not the epoch's end
+        if job.rank != 0 or job.progress.stopped_at_step:   # stopping: no time to score
+            return
         if self.batches is None:
             from .data.reader import in_order
             self.batches = in_order(self.test, 512)
@@ -106,13 +111,17 @@ class Balance(Action):
         timer = job.aggregation.timer
         return [keras.callbacks.LambdaCallback(on_epoch_begin=lambda e, logs: timer.start())]
 
+    def on_split(self, job, epoch, row):   # the fit's timings (the choice's exchange time)
+        row.update(zip(("busy_s", "wait_s"), job.aggregation.timer.read()))
+
     def on_epoch_end(self, job, epoch, row):
-        busy, wait = job.aggregation.timer.read()
-        row.update(busy_s=busy, wait_s=wait)
-        if job.progress.partial:   # its timings are not an epoch's; a split one's rest
-            self.rebalancer.traced |= job.progress.continued   # traced the step at its plan
+        self.on_split(job, epoch, row)
+        if job.progress.stopped_at_step or job.progress.first_step:
+            # a partial epoch: its timings are not an epoch's (a split one's rest traced
+            # the step at its plan: the next epoch's are)
+            self.rebalancer.traced |= job.progress.continued
             return
-        new = self.rebalancer.after_epoch(epoch, job.plan, busy, wait)
+        new = self.rebalancer.after_epoch(epoch, job.plan, row["busy_s"], row["wait_s"])
         if new is job.plan:
             return
         if job.rank == 0 and self.verbose:
@@ -141,6 +150,8 @@ class Sparse(Action):
         job.progress.sparse_steps += [{"epoch": epoch + 1, "step": first + i, **s}
                                       for i, s in enumerate(steps)]
 
+    on_split = on_epoch_end   # the first fit's steps, numbered in its plan
+
 
 class Checkpointing(Action):
     """Rank 0 saves model, optimizer, plan in effect and every rank's exchange state (the
@@ -152,8 +163,6 @@ class Checkpointing(Action):
         self.checkpointer = checkpointer
 
     def on_epoch_end(self, job, epoch, row):
-        if job.progress.split_step:   # the epoch goes on
-            return
         step = job.progress.stopped_at_step     # stopped in the middle of the epoch
         last = epoch + 1 == job.spec.epochs or job.progress.stop_requested
         if not (step or self.checkpointer.due(epoch + 1, last)):

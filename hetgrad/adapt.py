@@ -79,8 +79,6 @@ class AdaptiveBatch(Action):
         job.checkpointer.state["adaptive"] = {"lr_factor": self.factor, "b0": self.chooser.b0}
 
     def on_epoch_end(self, job, epoch, row):
-        if job.progress.split_step:
-            return self._decide_inside(job, row)
         plan = job.plan
         row.update(global_batch=plan.global_batch, lr_factor=self.factor, lr=self.last_lr)
         b_noise = row.get("b_noise_smoothed")
@@ -100,13 +98,12 @@ class AdaptiveBatch(Action):
                           _interval(row.get("b_noise_interval")), grid=grid)
         self._apply(job, choice, models, row, f"epoch {epoch + 1}")
 
-    def _decide_inside(self, job, row: dict) -> None:
+    def on_split(self, job, epoch, row):
         """The first choice, after ``progress.split_step`` steps of the first epoch (its
         time the probe's models' alone: the steps traced), among the batches the epoch can
         go on with (:func:`~hetgrad.goodput.aligned`); where it goes on."""
         plan, k = job.plan, job.progress.split_step
         row.update(global_batch=plan.global_batch, lr_factor=self.factor, lr=self.last_lr)
-        job.progress.continue_step = k
         b_noise = row.get("b_noise_smoothed")
         if b_noise is None or b_noise <= 0:
             return

@@ -85,8 +85,8 @@ def thin(batch: int, samples: int) -> bool:
 
 def aligned(samples: int, grid: list[int], tolerance: float = 0.05) -> list[int]:
     """Each batch of ``grid`` moved to the nearest within ``tolerance`` (and the grid's
-    bounds) that divides ``samples`` (left out if none does): the batches an epoch can go on with after
-    ``samples`` of its global order, its steps then starting where the order stands."""
+    bounds) that divides ``samples`` (left out if none does): the batches an epoch can go on
+    with after ``samples`` of its global order, its steps then starting where it stands."""
     out, lo, hi = set(), min(grid), max(grid)
     for c in grid:
         near = [b for b in range(max(lo, math.ceil(c * (1 - tolerance))),

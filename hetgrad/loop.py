@@ -148,12 +148,12 @@ def _epoch_part(job: "Run", epoch: int, first: int, part: dict | None,
     if progress.split_step and (asked or progress.stopped_at_step):   # a stop wins
         progress.stopped_at_step = row["stopped_at_step"] = progress.split_step
         progress.split_step = 0
-    if progress.split_step:
-        row["split_at_step"] = progress.split_step
+    if progress.split_step:   # the epoch goes on, where it stands unless an action re-plans
+        row["split_at_step"] = progress.continue_step = progress.split_step
     progress.stop_requested = bool(progress.stopped_at_step) or (
         asked and not early and epoch + 1 < job.spec.epochs)
     for action in actions:
-        action.on_epoch_end(job, epoch, row)
+        (action.on_split if progress.split_step else action.on_epoch_end)(job, epoch, row)
     return row, early
 
 

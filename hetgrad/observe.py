@@ -43,6 +43,8 @@ class Noise(Action):
                        interval[0], None if math.isinf(interval[1]) else interval[1]],
                    gns_preconditioned=noise.precondition is not None)
 
+    on_split = on_epoch_end   # the first fit's steps: what the choice inside it goes by
+
 
 class Scalars(Action):
     """Rank 0 writes each epoch's scalars, the run's and every rank's, for TensorBoard
@@ -62,8 +64,8 @@ class Scalars(Action):
                 print(f"hetgrad: TensorBoard scalars -> {self.writer.dir}", flush=True)
 
     def on_epoch_end(self, job, epoch, row):
-        if self.writer is None or self.failed or job.progress.split_step:
-            return   # (an epoch split: its row, once, at its end)
+        if self.writer is None or self.failed:
+            return
         from .scalars import epoch_scalars
         lr = row.get("lr")   # the adaptive batch's scaled one
         try:

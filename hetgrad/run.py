@@ -84,10 +84,11 @@ class Progress:
     epochs done (their record rows), the sparse exchange's per-step log, the step the epoch
     in progress started at (not 0 when resumed mid-epoch), and whether the ranks agreed to
     stop (:mod:`hetgrad.preempt`) -- with ``stopped_at_step`` the step of the epoch where
-    they did, 0 at its end. An action may split an epoch to decide inside it: it sets
-    ``split_at`` (the step its fit ends at), the fit ``split_step`` when it got there, the
-    action ``continue_step`` (where the epoch goes on, under the plan then in effect);
-    ``continued``: the fit in progress is such an epoch's rest."""
+    they did, 0 at its end. An action may split an epoch to decide inside it
+    (:meth:`hetgrad.actions.Action.on_split`): it sets ``split_at`` (the step its fit ends
+    at), the fit ``split_step`` when it got there; ``continue_step``: where the epoch goes on,
+    under the plan then in effect (the action's re-plan may move it); ``continued``: the fit
+    in progress is such an epoch's rest."""
 
     plan: "Plan"
     epochs: list[dict] = field(default_factory=list)
@@ -99,11 +100,6 @@ class Progress:
     split_step: int = 0
     continue_step: int = 0
     continued: bool = False
-
-    @property
-    def partial(self) -> bool:
-        """Whether the fit that ended ran less than its whole epoch."""
-        return bool(self.first_step or self.stopped_at_step or self.split_step)
 
 
 @dataclass(frozen=True)
