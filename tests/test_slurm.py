@@ -180,6 +180,13 @@ def test_hetjob_runs_one_world_across_both_components(slurm, tmp_path):
     assert sum(batches) == 96 and batches[0] > 2 * max(batches[1:])  # the fast component
 
 
+def test_hetjob_names_a_bad_grace(slurm, tmp_path):
+    rc, log = sbatch({**slurm, "HETGRAD_JOB_DIR": str(tmp_path / "job"),
+                      "HETGRAD_SRUN_GRACE": "soon"}, tmp_path, [ROOT / "slurm/hetjob.sbatch"])
+    assert rc == 2 and "HETGRAD_SRUN_GRACE=soon: give whole seconds" in log, log[-3000:]
+    assert "probe" not in log
+
+
 # --- requeue ---------------------------------------------------------------------------------
 
 def job_field(env: dict, job: int, name: str) -> str:
