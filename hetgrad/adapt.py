@@ -81,9 +81,9 @@ class AdaptiveBatch(Action):
     def on_epoch_end(self, job, epoch, row):
         plan = job.plan
         row.update(global_batch=plan.global_batch, lr_factor=self.factor, lr=self.last_lr)
-        b_noise = row.get("b_noise_smoothed")
+        b_noise, interval = _noise(row)
         balance = self.rebalancer.history[-1] if self.rebalancer.history else None
-        if (b_noise is None or b_noise <= 0 or balance is None
+        if (b_noise is None or balance is None
                 or balance.epoch != epoch + 1 or epoch + 1 == job.spec.epochs
                 or (balance.warmup and balance.predicted_step_s is None)):
             return   # no estimate yet, no epoch measured (a partial one), none left, or
@@ -94,8 +94,7 @@ class AdaptiveBatch(Action):
                        else full_tail(b, samples, c.lo)      # no last step of a few samples
                        for b in candidates(c.lo, c.hi, plan.global_batch)})
         choice = c.choose(plan.global_batch, b_noise,
-                          self._step_time(models, plan, balance, row),
-                          _interval(row.get("b_noise_interval")), grid=grid)
+                          self._step_time(models, plan, balance, row), interval, grid=grid)
         self._apply(job, choice, models, row, f"epoch {epoch + 1}")
 
     def on_split(self, job, epoch, row):
@@ -104,8 +103,8 @@ class AdaptiveBatch(Action):
         go on with (:func:`~hetgrad.goodput.aligned`); where it goes on."""
         plan, k = job.plan, job.progress.split_step
         row.update(global_batch=plan.global_batch, lr_factor=self.factor, lr=self.last_lr)
-        b_noise = row.get("b_noise_smoothed")
-        if b_noise is None or b_noise <= 0:
+        b_noise, interval = _noise(row)
+        if b_noise is None:
             return
         models = [m.model() for m in self.rebalancer.online]
         exchange_s = min(job.comm.allgather(float(row.get("wait_s", 0.0)))) / k
@@ -115,8 +114,7 @@ class AdaptiveBatch(Action):
                 if b == plan.global_batch or drop or not thin(b, samples)]
         choice = self.chooser.choose(
             plan.global_batch, b_noise,
-            lambda b: _step_s(models, b, plan, self.rebalancer, exchange_s),
-            _interval(row.get("b_noise_interval")), grid=grid)
+            lambda b: _step_s(models, b, plan, self.rebalancer, exchange_s), interval, grid=grid)
         if self._apply(job, choice, models, row, f"step {k} of epoch 1"):
             job.progress.continue_step = k * plan.global_batch // choice.batch
 
@@ -133,8 +131,9 @@ class AdaptiveBatch(Action):
             plan = job.plan
             new = _replanned(models, choice.batch, plan, self.rebalancer)
             if job.rank == 0 and self.verbose:
+                least = "" if row.get("b_noise_smoothed") else ">= "   # the interval's end
                 print(f"hetgrad: global batch {plan.global_batch} -> {choice.batch} after "
-                      f"{when}: B_noise {choice.b_noise:.0f}, predicted goodput "
+                      f"{when}: B_noise {least}{choice.b_noise:.0f}, predicted goodput "
                       f"{_gain(choice)}, "
                       f"learning rate x{self.factor:.3g}, batches {new.batches}", flush=True)
             job.progress.plan = new
@@ -166,12 +165,16 @@ class AdaptiveBatch(Action):
         return step_s
 
 
-def _interval(recorded) -> tuple[float, float] | None:
-    """The row's ``b_noise_interval`` (its upper end None: unbounded)."""
+def _noise(row: dict) -> tuple[float | None, tuple[float, float] | None]:
+    """The noise scale to choose by and its interval (the row's ``b_noise_interval``, its
+    upper end None: unbounded): the smoothed one, or -- where noise outweighed the signal's
+    estimate, which leaves no point estimate -- the interval's low end, the cautious one for
+    a larger batch (a smaller one must pay at the unbounded end: never)."""
+    recorded, b_noise = row.get("b_noise_interval"), row.get("b_noise_smoothed")
     if recorded is None:
-        return None
-    low, high = recorded
-    return low, math.inf if high is None else high
+        return (b_noise if b_noise is not None and b_noise > 0 else None), None
+    low, high = recorded[0], math.inf if recorded[1] is None else recorded[1]
+    return (b_noise if b_noise is not None and b_noise > 0 else low), (low, high)
 
 
 def _gain(choice) -> str:

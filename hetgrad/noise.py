@@ -6,7 +6,8 @@ count is fused; ``n = |g|^2`` of the exchanged mean) and sends the first three i
 step's exchange: riding with the sample count where it is fused into the gradients'
 allreduce (``weighting samples``), else in an allreduce of their own before it that waits
 for nothing, only after a measured step (docs/results.md: what each costs); then every rank
-adds that step's ``S`` and ``|G|^2`` to the epoch's sums (the same numbers on every rank). A
+adds that step's ``S`` and ``|G|^2`` to the epoch's sums, in one of :data:`BUCKETS` of
+interleaved steps (the epoch's estimate: their median of means; the same on every rank). A
 rank with no sample sends zeros. The last step of a run is not counted. A measured step
 reads one block of about 1/16 of each large gradient (:class:`Blocks`: unbiased, at a 16th
 of the reads; an embedding's ``IndexedSlices`` is made dense first); with ``every > 1`` only
@@ -52,6 +53,9 @@ def preconditioned(grads: list, scales: list) -> list:
 ALIGN = 16          # entries: a block begins on 64 bytes (TensorFlow can slice it in place)
 READ_WHOLE = 16384  # a gradient of up to this many entries is read whole in a measured step
 BLOCKS = 16         # a larger one: one block of 1/BLOCKS of its entries
+
+
+BUCKETS = 8         # of interleaved measured steps, an epoch's estimate their median of means
 
 
 class Blocks:
@@ -108,8 +112,11 @@ class GradientNoise:
 
     def __init__(self, every: int = 1, name: str = "hetgrad", when=None, precondition=None,
                  gate=None, blocks: Blocks | None = None):
-        # the epoch's sums of S, |G|^2, its steps counted, and of S^2, |G|^4, S |G|^2
-        self.sums = tf.Variable(tf.zeros(6, tf.float64), trainable=False, name="hetgrad_gns_sums")
+        # the epoch's sums of S, |G|^2, its steps counted, and of S^2, |G|^4, S |G|^2, per
+        # bucket of interleaved steps (EpochNoise.from_buckets: a median of means)
+        self.sums = tf.Variable(tf.zeros([BUCKETS, 6], tf.float64), trainable=False,
+                                name="hetgrad_gns_sums")
+        self.added = tf.Variable(0, dtype=tf.int64, trainable=False, name="hetgrad_gns_added")
         self.pending = tf.Variable(tf.zeros(4), trainable=False, name="hetgrad_gns_pending")
         self.every, self.name, self.when = every, name, when   # when(): a step to measure?
         self.blocks = blocks or Blocks()
@@ -192,14 +199,17 @@ class GradientNoise:
         # squares in float64: a variance is their difference from the squared mean
         s, g2 = tf.cast(s, tf.float64), tf.cast(g2, tf.float64)
         step = tf.stack([s, g2, tf.constant(1.0, tf.float64), s * s, g2 * g2, s * g2])
-        self.sums.assign_add(tf.where(held >= 2.0, step, tf.zeros(6, tf.float64)))
+        counted = tf.cast(held >= 2.0, tf.float64)
+        bucket = tf.one_hot(self.added % BUCKETS, BUCKETS, dtype=tf.float64) * counted
+        self.sums.assign_add(bucket[:, None] * step[None, :])
+        self.added.assign_add(tf.cast(counted, tf.int64))
 
     def take(self) -> EpochNoise:
-        """The epoch's estimates (means over its measured steps, with their spread); the sums
-        restart."""
-        sums = [float(x) for x in self.sums.numpy()]
-        self.sums.assign(tf.zeros(6, tf.float64))
-        return EpochNoise.from_sums(*sums)
+        """The epoch's estimates (medians of means over its measured steps, with their
+        spread: :meth:`~hetgrad.gns.EpochNoise.from_buckets`); the sums restart."""
+        table = self.sums.numpy().tolist()
+        self.sums.assign(tf.zeros([BUCKETS, 6], tf.float64))
+        return EpochNoise.from_buckets(table)
 
 
 def check_measurable(optimizer, field: str = "gns", every: int = 1) -> None:

@@ -118,6 +118,24 @@ def test_a_move_must_pay_at_the_cautious_end_of_the_noise_scales_interval():
     assert not chooser.choose(512, 100.0, flat, (80.0, 2000.0)).changed
 
 
+def test_without_a_point_estimate_the_chooser_goes_by_the_intervals_low_end():
+    """A smoothed |G|^2 at or below 0 leaves the row only the interval's low end: the batch
+    moves up if that end says it pays, never down (the upper end is unbounded); with no
+    interval, no decision."""
+    from hetgrad.adapt import _noise
+    assert _noise({"b_noise_smoothed": None, "b_noise_interval": [3000.0, None]}) == \
+        (3000.0, (3000.0, math.inf))
+    assert _noise({"b_noise_smoothed": 500.0, "b_noise_interval": [400.0, 700.0]}) == \
+        (500.0, (400.0, 700.0))
+    assert _noise({"b_noise_smoothed": None, "b_noise_interval": None}) == (None, None)
+    assert _noise({"b_noise_smoothed": -4.0, "b_noise_interval": None}) == (None, None)
+    chooser, step = BatchChooser(64, 2048, 64), affine(0.010, 1e-5)
+    b_noise, interval = _noise({"b_noise_smoothed": None, "b_noise_interval": [3000.0, None]})
+    assert chooser.choose(64, b_noise, step, interval).batch > 64
+    b_noise, interval = _noise({"b_noise_smoothed": None, "b_noise_interval": [10.0, None]})
+    assert not chooser.choose(256, b_noise, step, interval).changed
+
+
 @pytest.mark.parametrize("given, problem", [
     ((64,), "two batch sizes"), (("a", 2), "two batch sizes"), ((512, 64), "LO <= HI"),
     ((128, 512), "outside 128,512")])
