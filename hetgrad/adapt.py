@@ -171,10 +171,18 @@ def _noise(row: dict) -> tuple[float | None, tuple[float, float] | None]:
     estimate, which leaves no point estimate -- the interval's low end, the cautious one for
     a larger batch (a smaller one must pay at the unbounded end: never)."""
     recorded, b_noise = row.get("b_noise_interval"), row.get("b_noise_smoothed")
+    if b_noise is not None:   # (S <= 0 smoothed: no noise to go by)
+        return (b_noise, _interval(recorded)) if b_noise > 0 else (None, None)
+    interval = _interval(recorded)
+    return (interval[0], interval) if interval and interval[0] > 0 else (None, None)
+
+
+def _interval(recorded) -> tuple[float, float] | None:
+    """The row's ``b_noise_interval`` (its upper end None: unbounded)."""
     if recorded is None:
-        return (b_noise if b_noise is not None and b_noise > 0 else None), None
-    low, high = recorded[0], math.inf if recorded[1] is None else recorded[1]
-    return (b_noise if b_noise is not None and b_noise > 0 else low), (low, high)
+        return None
+    low, high = recorded
+    return low, math.inf if high is None else high
 
 
 def _gain(choice) -> str:

@@ -62,16 +62,16 @@ class EpochNoise:
     @classmethod
     def from_buckets(cls, table: Sequence[Sequence[float]], least: int = 4) -> "EpochNoise":
         """From the six sums of :meth:`from_sums` kept per bucket of interleaved steps (the
-        epoch's ``k``-th measured step in bucket ``k mod len(table)``): once every bucket
-        holds ``least`` steps, ``S`` and ``|G|^2`` are the medians of the buckets' means,
-        their (co)variances ``pi/2`` those of all steps' means -- a median of means: a few
-        steps of one rank's norm far above the rest move one bucket, not the estimate (in
-        the goodput runs ~8 % of the epochs' plain means had ``|G|^2 <= 0``, with ``S``
-        2-6x the run's median, which held the smoothed noise scale at nothing for epochs
-        after), though they still widen its interval. With fewer steps the plain means (a
-        median of tiny buckets is noisier and, ``S`` being skewed, biased)."""
+        epoch's ``k``-th measured step in bucket ``k mod len(table)``): the plain means,
+        unbiased -- unless their ``|G|^2`` is not above 0 (a few steps of one rank's norm far
+        above the rest: ``S`` far up, ``|G|^2`` far down; ~8 % of the goodput runs' epochs,
+        which held the smoothed noise scale at nothing for 2-4 epochs after) and every
+        bucket holds ``least`` steps: then the medians of the buckets' means, their
+        (co)variances ``pi/2`` those of the plain means (a median of means: those steps move
+        one bucket). Not always the medians: with the skewed per-step estimates of 2 ranks
+        they came out biased low by up to half (the ninth goodput run)."""
         whole = cls.from_sums(*(sum(col) for col in zip(*table)))
-        if len(table) < 3 or min(row[2] for row in table) < least:
+        if whole.g2 > 0 or len(table) < 3 or min(row[2] for row in table) < least:
             return whole
         s, g2 = (statistics.median(row[k] / row[2] for row in table) for k in (0, 1))
         wider = math.pi / 2
@@ -111,8 +111,10 @@ class NoiseScale:
         ``|G|^2`` is within ``z`` of them of 0. Without a ``B_noise`` (``|G|^2`` not above
         0: noise outweighed it) still a lower end, ``S`` over ``|G|^2`` ``z`` of them up, if
         that is above 0 -- an estimate at most ``z`` below the truth says the noise scale is
-        at least that. None if nothing is known."""
+        at least that. None if nothing is known (also where ``S`` is not above 0)."""
         b, sd_g2 = self.b_noise, math.sqrt(self.var_g2)
+        if b is not None and b <= 0:   # S not above 0: no noise seen
+            return None
         if b is None:
             top = self.g2 + z * sd_g2
             return (self.s / top, math.inf) if self.steps and self.s > 0 and top > 0 else None

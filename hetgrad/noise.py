@@ -7,7 +7,7 @@ step's exchange: riding with the sample count where it is fused into the gradien
 allreduce (``weighting samples``), else in an allreduce of their own before it that waits
 for nothing, only after a measured step (docs/results.md: what each costs); then every rank
 adds that step's ``S`` and ``|G|^2`` to the epoch's sums, in one of :data:`BUCKETS` of
-interleaved steps (the epoch's estimate: their median of means; the same on every rank). A
+interleaved steps (:meth:`~hetgrad.gns.EpochNoise.from_buckets`; the same on every rank). A
 rank with no sample sends zeros. The last step of a run is not counted. A measured step
 reads one block of about 1/16 of each large gradient (:class:`Blocks`: unbiased, at a 16th
 of the reads; an embedding's ``IndexedSlices`` is made dense first); with ``every > 1`` only
@@ -55,7 +55,7 @@ READ_WHOLE = 16384  # a gradient of up to this many entries is read whole in a m
 BLOCKS = 16         # a larger one: one block of 1/BLOCKS of its entries
 
 
-BUCKETS = 8         # of interleaved measured steps, an epoch's estimate their median of means
+BUCKETS = 8         # of interleaved measured steps (a median of means where the mean fails)
 
 
 class Blocks:
@@ -113,7 +113,7 @@ class GradientNoise:
     def __init__(self, every: int = 1, name: str = "hetgrad", when=None, precondition=None,
                  gate=None, blocks: Blocks | None = None):
         # the epoch's sums of S, |G|^2, its steps counted, and of S^2, |G|^4, S |G|^2, per
-        # bucket of interleaved steps (EpochNoise.from_buckets: a median of means)
+        # bucket of interleaved steps (EpochNoise.from_buckets)
         self.sums = tf.Variable(tf.zeros([BUCKETS, 6], tf.float64), trainable=False,
                                 name="hetgrad_gns_sums")
         self.added = tf.Variable(0, dtype=tf.int64, trainable=False, name="hetgrad_gns_added")
@@ -205,10 +205,11 @@ class GradientNoise:
         self.added.assign_add(tf.cast(counted, tf.int64))
 
     def take(self) -> EpochNoise:
-        """The epoch's estimates (medians of means over its measured steps, with their
-        spread: :meth:`~hetgrad.gns.EpochNoise.from_buckets`); the sums restart."""
+        """The epoch's estimates over its measured steps, with their spread
+        (:meth:`~hetgrad.gns.EpochNoise.from_buckets`); the sums restart."""
         table = self.sums.numpy().tolist()
         self.sums.assign(tf.zeros([BUCKETS, 6], tf.float64))
+        self.added.assign(0)
         return EpochNoise.from_buckets(table)
 
 

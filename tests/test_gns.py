@@ -126,31 +126,29 @@ def _buckets(s, g2, count=8):
 
 
 def test_a_few_spiking_steps_move_one_bucket_not_the_epochs_estimate():
-    """Steps of known means (S 400, |G|^2 2: B_noise 200) with two spikes of one rank's
-    norm (S far up, |G|^2 = n - S/B as far down): the plain mean's |G|^2 falls below 0 (no
-    noise scale), the median of the buckets' means gives B_noise within 20 % of the truth
-    (over runs; 90 % of them within 0.7-1.5x); its variance is pi/2 that of the plain mean
-    (as a median of normal means has); without spikes both estimates agree within their
-    errors; with fewer steps than buckets: the plain mean."""
+    """Steps of known means (S 400, |G|^2 2: B_noise 200), skewed as S is: the epoch's
+    estimates are the plain means (unbiased). With two spikes of one rank's norm (S far up,
+    |G|^2 = n - S/B as far down) the plain |G|^2 falls below 0 (no noise scale); then the
+    median of the buckets' means gives B_noise within 20 % of the truth (over runs; 90 % of
+    them within 0.7-1.5x), its variances pi/2 those of the plain means (as a median of
+    normal means has); with fewer steps than the buckets need: the plain means."""
     rng, ratios = np.random.default_rng(5), []
     for run in range(200):
-        s, g2 = rng.normal(400.0, 150.0, 64), rng.normal(2.0, 1.0, 64)
-        clean = EpochNoise.from_buckets(_buckets(s, g2))
+        s = 400.0 * rng.chisquare(8, 64) / 8
+        g2 = rng.normal(2.0, 1.0, 64)
         plain = EpochNoise.from_sums(*(sum(c) for c in zip(*_buckets(s, g2))))
-        assert abs(clean.g2 - plain.g2) < 3 * math.sqrt(clean.var_g2)
+        assert EpochNoise.from_buckets(_buckets(s, g2)) == plain
         s[[3, 41]] += 20000.0
         g2[[3, 41]] -= 20000.0 / 100
+        plain = EpochNoise.from_sums(*(sum(c) for c in zip(*_buckets(s, g2))))
         spiked = EpochNoise.from_buckets(_buckets(s, g2))
-        assert EpochNoise.from_sums(*(sum(c) for c in zip(*_buckets(s, g2)))).g2 < 0
+        assert plain.g2 < 0 < spiked.g2 and spiked.steps == plain.steps == 64
+        assert spiked.var_g2 == pytest.approx(math.pi / 2 * plain.var_g2)
         ratios.append(spiked.s / spiked.g2 / 200.0)
     assert 0.8 <= np.median(ratios) <= 1.2
     assert np.mean((0.7 < np.array(ratios)) & (np.array(ratios) < 1.5)) > 0.9
-    medians = [EpochNoise.from_buckets(_buckets(rng.normal(400, 150, 64), rng.normal(
-        2, 1, 64))) for _ in range(1000)]
-    assert np.var([m.g2 for m in medians]) == pytest.approx(math.pi / 2 / 64, rel=0.25)
-    assert np.mean([m.var_g2 for m in medians]) == pytest.approx(math.pi / 2 / 64, rel=0.1)
-    few = _buckets(np.array([1.0, 2.0, 3.0]), np.array([1.0, 1.0, 4.0]))
-    assert EpochNoise.from_buckets(few).g2 == pytest.approx(2.0)
+    few = _buckets(np.array([1.0, 2.0, 30.0]), np.array([1.0, 1.0, -4.0]))
+    assert EpochNoise.from_buckets(few).g2 == pytest.approx(-2.0 / 3)
 
 
 def test_without_a_positive_signal_the_interval_still_bounds_the_noise_scale_below():
@@ -168,7 +166,7 @@ def test_without_a_positive_signal_the_interval_still_bounds_the_noise_scale_bel
     assert NoiseScale().interval() is None
     nothing = NoiseScale()
     nothing.add(-5.0, 1.0)
-    assert nothing.interval() is not None and nothing.b_noise < 0   # (the chooser skips it)
+    assert nothing.b_noise < 0 and nothing.interval() is None   # (the chooser skips it)
 
 
 def test_the_graph_measures_what_the_estimator_says():
