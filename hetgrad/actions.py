@@ -146,11 +146,11 @@ class Sparse(Action):
         row["density"] = job.reducer.density
         if steps:
             row["buildup"] = sum(s["buildup"] for s in steps) / len(steps)
-        first = job.progress.first_step
+        first, _ = job.progress.counted(job.plan.steps_per_epoch)
         job.progress.sparse_steps += [{"epoch": epoch + 1, "step": first + i, **s}
                                       for i, s in enumerate(steps)]
 
-    on_split = on_epoch_end   # the first fit's steps, numbered in its plan
+    on_split = on_epoch_end   # the first fit's steps
 
 
 class Checkpointing(Action):
@@ -169,8 +169,9 @@ class Checkpointing(Action):
             return
         states = job.comm.gather(job.reducer.state_dict(), root=0)
         per_rank = states if job.rank == 0 and any(states) else None
+        shift = job.progress.shift if step else 0   # a split epoch's rest: its numbering
         self.checkpointer.save(epoch if step else epoch + 1, per_rank, step=step,
-                               plan=job.plan.to_dict())
+                               plan=job.plan.to_dict(), **({"shift": shift} if shift else {}))
 
     def on_train_end(self, job):
         if not job.progress.stop_requested:
@@ -213,8 +214,9 @@ class UserCallbacks(Action):
         return [self.adapter]
 
     def on_epoch_begin(self, job, epoch):
-        self.adapter.first, self.adapter.steps = job.progress.first_step, job.plan.steps_per_epoch
-        self.adapter.progress = job.progress
+        progress = job.progress
+        self.adapter.first, self.adapter.steps = progress.counted(job.plan.steps_per_epoch)
+        self.adapter.progress = progress
 
     def on_train_end(self, job):
         self.adapter.finish()

@@ -74,7 +74,8 @@ def assemble(spec: RunSpec) -> Run:
                   f"{comm.size} ranks: plan batches {plan.batches}", file=sys.stderr, flush=True)
     epoch, step = _position(state, plan)
     return Run(spec, comm, spec.model, optimizer, checkpointer,
-               _actions(spec, comm, probed, checkpointer, state), Progress(plan), plan,
+               _actions(spec, comm, probed, checkpointer, state),
+               Progress(plan, shift=(state or {}).get("shift", 0) if step else 0), plan,
                tuple(probed), probe_time, epoch, spec.device, step)
 
 

@@ -5,8 +5,9 @@ Layout of a checkpoint directory::
     ckpt-<epoch>/       tf.train.Checkpoint files (model + optimizer, incl. iterations);
                         ckpt-<epoch>-<step>/ when saved in the middle of an epoch
       rank-<r>.npz      per-rank state (sparse mode: residuals and selection history)
-    state.json          {"epoch", "step", "checkpoint", "plan", "probe", "job"[, "adaptive"]} -- written
-                        last, by rename, so it always names a complete checkpoint
+    state.json          {"epoch", "step", "checkpoint", "plan", "probe", "job"[, "adaptive",
+                        "shift"]} -- written last, by rename, so it always names a complete
+                        checkpoint (:class:`State`)
     final_weights.npz   the model's weights when training ended
 
 The data position is ``(seed, epoch, step)``: epochs done, and steps done of the next one.
@@ -42,6 +43,7 @@ class State:
     job: dict = dc_field(default_factory=dict)   # the job's settings (validate.job_identity)
     step: int = 0                                # steps done of epoch ``epoch + 1``
     adaptive: dict | None = None                 # --adaptive-batch: lr_factor, b0 (adapt.py)
+    shift: int = 0                               # in a split epoch's rest: Progress.shift
 
 
 def checkpoint_name(epoch: int, step: int = 0) -> str:

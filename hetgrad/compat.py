@@ -124,6 +124,13 @@ def steps_per_execution(model) -> int:
     return int(k.numpy()) if hasattr(k, "numpy") else int(k or 1)
 
 
+def progbar_logger():
+    """Keras' progress bar counting steps (Keras 2's counts samples by default, which a TF2
+    ``fit`` does not report: its bar would not move)."""
+    cb = keras.callbacks
+    return cb.ProgbarLogger() if KERAS3 else cb.ProgbarLogger(count_mode="steps")
+
+
 @contextlib.contextmanager
 def one_step_per_call(model):
     """Within: ``train_on_batch`` runs one step although ``model`` was compiled with several per

@@ -89,12 +89,12 @@ def run_epochs(job: "Run") -> float:
     with preempt.listening():
         for epoch in range(job.start_epoch, job.spec.epochs):
             first, part = (job.start_step if epoch == job.start_epoch else 0), None
-            progress.continued = False
+            progress.continued, progress.shift = False, progress.shift if first else 0
             while True:
                 row, early = _epoch_part(job, epoch, first, part, own)
                 if not progress.split_step:
                     break
-                part, first, progress.continued = row, progress.continue_step, True
+                part, first = row, progress.go_on()
             progress.epochs.append(row)
             if early or progress.stop_requested:
                 break

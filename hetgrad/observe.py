@@ -135,11 +135,14 @@ class Timeline(Action):
         self.epoch, self.begun, self.failed = 0, 0.0, False
 
     def on_epoch_begin(self, job, epoch):
-        self.epoch, self.begun = epoch, time.time()
-        self.sampler.begin_epoch(job.progress.first_step, job.plan.steps_per_epoch)
+        rest = job.progress.continued   # a split epoch's: begun with its first fit
+        if not rest:
+            self.epoch, self.begun = epoch, time.time()
+        self.sampler.begin_epoch(*job.progress.counted(job.plan.steps_per_epoch), rest=rest)
 
     def callbacks(self, job):
-        return [_Spans(self, job.aggregation.timer, job.progress.first_step)]
+        first, _ = job.progress.counted(job.plan.steps_per_epoch)
+        return [_Spans(self, job.aggregation.timer, first)]
 
     def on_epoch_end(self, job, epoch, row):
         mine = (self.spans, (epoch + 1, self.begun, time.time()), socket.gethostname())

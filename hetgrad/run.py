@@ -88,7 +88,8 @@ class Progress:
     (:meth:`hetgrad.actions.Action.on_split`): it sets ``split_at`` (the step its fit ends
     at), the fit ``split_step`` when it got there; ``continue_step``: where the epoch goes on,
     under the plan then in effect (the action's re-plan may move it); ``continued``: the fit
-    in progress is such an epoch's rest."""
+    in progress is such an epoch's rest; ``shift``: what :meth:`counted` adds to the plan's
+    step numbers in the rest (also resumed in it: kept in the checkpoint)."""
 
     plan: "Plan"
     epochs: list[dict] = field(default_factory=list)
@@ -100,6 +101,20 @@ class Progress:
     split_step: int = 0
     continue_step: int = 0
     continued: bool = False
+    shift: int = 0
+
+    def go_on(self) -> int:
+        """A split epoch's rest follows: where it starts, its steps counted on from the first
+        fit's last."""
+        self.continued, self.shift = True, self.split_step - self.continue_step
+        return self.continue_step
+
+    def counted(self, steps: int) -> tuple[int, int]:
+        """The fit's first step and the epoch's steps (``steps`` under the plan in effect) as
+        the user's callbacks and the timeline count them: a split epoch's rest, which runs
+        on in the new plan's steps from ``continue_step``, is counted on from the first
+        fit's last step (``shift`` = that minus ``continue_step``)."""
+        return self.first_step + self.shift, steps + self.shift
 
 
 @dataclass(frozen=True)

@@ -38,15 +38,23 @@ class Sampler:
     taken: int = 0                # epochs that had a window
     span: range = field(default_factory=lambda: range(0))   # this epoch's window
 
-    def begin_epoch(self, first_step: int, steps: int) -> None:
-        """An epoch runs steps ``first_step`` .. ``steps - 1``: choose its window."""
+    def begin_epoch(self, first_step: int, steps: int, rest: bool = False) -> None:
+        """An epoch runs steps ``first_step`` .. ``steps - 1``: choose its window. ``rest``:
+        the same epoch goes on there after a split (a window it has moves into what is left;
+        no epoch more)."""
+        if rest:
+            self.span = self._window(first_step, steps) if self.span else self.span
+            return
         stride = 2 ** (self.taken // self.windows)
         self.span = range(0)
         if self.epochs % stride == 0:
-            lo = max(first_step, (first_step + steps) // 2 - self.window // 2)
-            self.span = range(lo, min(steps, lo + self.window))
+            self.span = self._window(first_step, steps)
             self.taken += 1
         self.epochs += 1
+
+    def _window(self, first_step: int, steps: int) -> range:
+        lo = max(first_step, (first_step + steps) // 2 - self.window // 2)
+        return range(lo, min(steps, lo + self.window))
 
     def wants(self, steps: range) -> bool:
         """Whether to keep the call into the train step that ran ``steps`` of the epoch (one

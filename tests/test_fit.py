@@ -128,3 +128,22 @@ def test_the_epoch_clock_leaves_validation_apart():
     progress.continued = True       # the rest of a split epoch counts from the first's start
     model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[clock])
     assert clock.seconds >= 0.3 and clock.validation == 0
+
+
+def test_hk_fits_progress_bar_counts_the_epochs_steps(capsys):
+    """hk.fit's bar (verbose 1, rank 0) through the adapter that shows the user one fit: it
+    counts steps on every Keras flavour (Keras 2's own default counts samples, which a TF2
+    fit does not report: its bar stood still), and a split epoch's rest moves its end."""
+    from hetgrad.compat import keras
+    from hetgrad._keras.user_callbacks import OneFit, progress_callbacks
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    x, y = np.ones((12, 3), np.float32), np.ones((12, 1), np.float32)
+    adapter = OneFit(progress_callbacks(1, 0), epochs=1)
+    model.fit(x, y, batch_size=4, epochs=1, verbose=0, callbacks=[adapter])
+    shown = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().out)   # no colours
+    assert re.search(r"(?<!\d)3/3(?!\d)", shown), shown
+    bar = adapter.inner[0]
+    adapter.steps = 5                           # a rest that ends at step 5: the bar's end too
+    adapter.set_params({"verbose": 0, "epochs": 1, "steps": 2})
+    assert bar.progbar.target == 5

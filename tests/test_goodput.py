@@ -128,7 +128,8 @@ def test_without_a_point_estimate_the_chooser_goes_by_the_intervals_low_end():
     assert _noise({"b_noise_smoothed": 500.0, "b_noise_interval": [400.0, 700.0]}) == \
         (500.0, (400.0, 700.0))
     assert _noise({"b_noise_smoothed": None, "b_noise_interval": None}) == (None, None)
-    assert _noise({"b_noise_smoothed": -4.0, "b_noise_interval": None}) == (None, None)
+    assert _noise({"b_noise_smoothed": -4.0, "b_noise_interval": None}) == (None, None)  # S < 0
+    assert _noise({"b_noise_smoothed": None, "b_noise_interval": [-0.0, None]}) == (None, None)
     chooser, step = BatchChooser(64, 2048, 64), affine(0.010, 1e-5)
     b_noise, interval = _noise({"b_noise_smoothed": None, "b_noise_interval": [3000.0, None]})
     assert chooser.choose(64, b_noise, step, interval).batch > 64
@@ -150,7 +151,7 @@ def test_hk_fit_scales_the_learning_rate_inside_epochs_only(world3):
     factor, the same through an epoch; at an epoch's end (where ReduceLROnPlateau reads and
     sets it) it is the user's own again. The first choice comes inside the first epoch, which
     the user's callbacks see as one: its first steps at B_0 and the user's rate, the rest of
-    its samples at a larger batch and rate."""
+    its samples at a larger batch and rate, its steps numbered on (Keras' progress bar too)."""
     from mpi.adaptive import B0, LR, N
     res = world3.run("adaptive:fit").root
     assert res["at_end"] == pytest.approx([LR] * 4)
@@ -162,6 +163,10 @@ def test_hk_fit_scales_the_learning_rate_inside_epochs_only(world3):
     assert first == pytest.approx(LR) and at_b0 == k and rate > LR
     assert any(rest == math.ceil((N - k * B0) / b) for b in aligned(k * B0, grid) if b > B0)
     assert all(len(runs) == 1 for runs in res["runs"][1:]), res["runs"]
+    # its steps numbered on: 0 .. k + rest - 1, which params and Keras' bar end at
+    assert res["indices"][0] == list(range(k + rest))
+    assert res["told"][0] == res["bar"][0] == k + rest
+    assert res["told"][1] == res["bar"][1] == len(res["indices"][1]) == res["steps"][1]
 
 
 @pytest.fixture(scope="module")
@@ -307,13 +312,18 @@ def test_a_split_epoch_stopped_in_its_rest_and_resumed_trains_every_sample_once(
         world3, tmp_path):
     """hk.fit's first epoch chooses after k steps at B_0, is asked to stop 3 steps into its
     rest (under the new plan), and is resumed: over the ranks and both processes, every
-    sample trained exactly once."""
+    sample trained exactly once, and the user's callback saw the epoch's steps numbered on
+    from 0 to its end, once each."""
     from mpi.adaptive import B0, N
     r = world3.run("adaptive:ids_split", str(tmp_path / "ck"))
     assert sorted(sum((v["ids"] for v in r.values), [])) == list(range(N))
     stop, k = r.root["stopped"], r.root["k"]
     assert stop["epoch"] == 0 and stop["batch"] > B0, stop     # in the rest, at the new batch
     assert stop["step"] * stop["batch"] > k * B0                 # past where the rest began
+    # the user's callbacks count the epoch's steps on, across the resume too
+    before, after = r.root["counted"]
+    assert before["indices"] + after["indices"] == list(range(after["told"]))
+    assert before["told"] == after["told"] and before["indices"][k - 1:k + 1] == [k - 1, k]
 
 
 def test_aligned_batches_go_on_where_the_order_stands():

@@ -35,6 +35,31 @@ def test_a_resumed_epochs_window_lies_in_its_remaining_steps():
     assert list(s.span) == [8, 9]
 
 
+def test_a_split_epochs_rest_numbers_its_steps_on_from_the_first_fits_last():
+    """200 steps at B_0 planned, split after 28; the rest runs steps 7..49 of a plan of 50:
+    the timeline and the user's callbacks count them 28..70 (no key twice in the trace),
+    also after a resume inside them; its window moves into them, and the rest is no epoch
+    more (windows thin out by epochs)."""
+    from hetgrad.run import Progress
+    progress = Progress(plan=None, first_step=0)
+    assert progress.counted(200) == (0, 200)
+    s = Sampler(first=0, window=4)
+    s.begin_epoch(0, 200)
+    assert list(s.span) == [98, 99, 100, 101] and s.epochs == 1
+    progress.split_step, progress.continue_step = 28, 7
+    progress.first_step = progress.go_on()            # as the loop starts the rest
+    assert progress.continued and progress.counted(50) == (28, 71)
+    s.begin_epoch(*progress.counted(50), rest=True)
+    assert list(s.span) == [47, 48, 49, 50] and s.epochs == s.taken == 1
+    progress.first_step = 7 + 5                       # resumed 5 steps into the rest
+    assert progress.counted(50) == (33, 71)
+    skipped = Sampler(first=0, window=4, windows=1)
+    skipped.begin_epoch(0, 200)
+    skipped.begin_epoch(0, 200)                       # every 2nd epoch now: no window
+    skipped.begin_epoch(*progress.counted(50), rest=True)
+    assert not skipped.span and skipped.epochs == 2
+
+
 def test_a_call_of_several_steps_is_kept_when_one_of_them_is_wanted():
     s = Sampler(first=3, window=2)
     s.begin_epoch(0, 12)                      # window: steps 5, 6

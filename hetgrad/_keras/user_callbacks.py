@@ -37,7 +37,7 @@ def progress_callbacks(verbose: int, rank: int) -> list:
     """Keras's progress bar (``verbose`` 1) or epoch lines (2), on rank 0 only."""
     if not verbose or rank != 0:
         return []
-    bar = keras.callbacks.ProgbarLogger()
+    bar = compat.progbar_logger()
     bar.hetgrad_verbose = verbose
     return [bar]
 
@@ -77,6 +77,9 @@ class OneFit(keras.callbacks.Callback):
             verbose = getattr(cb, "hetgrad_verbose", params.get("verbose"))
             cb.set_params({**params, "epochs": self.total, "verbose": verbose,
                            **({"steps": self.steps} if self.steps else {})})
+            bar = getattr(cb, "progbar", None)   # Keras' progress bar, made at the epoch's
+            if bar is not None and getattr(cb, "target", None):   # begin: a split epoch's
+                bar.target = cb.target                              # rest ends elsewhere
 
     def on_train_begin(self, logs=None):
         if not self.started:
