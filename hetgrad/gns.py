@@ -69,7 +69,7 @@ class EpochNoise:
         bucket holds ``least`` steps: then the medians of the buckets' means, their
         (co)variances ``pi/2`` those of the plain means (a median of means: those steps move
         one bucket). Not always the medians: with the skewed per-step estimates of 2 ranks
-        they came out biased low by up to half (the ninth goodput run)."""
+        they came out several times too low late in training (the ninth goodput run)."""
         whole = cls.from_sums(*(sum(col) for col in zip(*table)))
         if whole.g2 > 0 or len(table) < 3 or min(row[2] for row in table) < least:
             return whole
