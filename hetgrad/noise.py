@@ -199,9 +199,9 @@ class GradientNoise:
         # squares in float64: a variance is their difference from the squared mean
         s, g2 = tf.cast(s, tf.float64), tf.cast(g2, tf.float64)
         step = tf.stack([s, g2, tf.constant(1.0, tf.float64), s * s, g2 * g2, s * g2])
-        counted = tf.cast(held >= 2.0, tf.float64)
-        bucket = tf.one_hot(self.added % BUCKETS, BUCKETS, dtype=tf.float64) * counted
-        self.sums.assign_add(bucket[:, None] * step[None, :])
+        bucket = tf.one_hot(self.added % BUCKETS, BUCKETS, dtype=tf.float64)[:, None] * step
+        counted = held >= 2.0   # (a step not counted adds nothing, not even a NaN)
+        self.sums.assign_add(tf.where(counted, bucket, tf.zeros([BUCKETS, 6], tf.float64)))
         self.added.assign_add(tf.cast(counted, tf.int64))
 
     def take(self) -> EpochNoise:

@@ -200,6 +200,24 @@ def test_the_graph_measures_what_the_estimator_says():
     assert float(squared_norm([rows])) == pytest.approx(4.0 ** 2 + 6.0 ** 2)
 
 
+def test_steps_go_round_the_buckets_and_an_uncounted_one_adds_nothing():
+    """Counted steps fill the 8 buckets in turn (the epoch's estimate from them); a step
+    that fewer than two ranks held -- even with a non-finite norm -- adds nothing and takes
+    no turn; take() starts the next epoch at the first bucket."""
+    import tensorflow as tf
+    from hetgrad.noise import BUCKETS, GradientNoise
+    noise = GradientNoise()
+    for k in range(2 * BUCKETS + 3):
+        noise.add(tf.constant([10.0 + k, 4.0, 2.0]), tf.constant(1.0))   # held by 2 ranks
+        noise.add(tf.constant([1.0, 4.0, 1.0]), tf.constant(float("nan")))  # by one: nothing
+    table = noise.sums.numpy()
+    assert table[:, 2].tolist() == [3.0] * 3 + [2.0] * (BUCKETS - 3)
+    got = noise.take()
+    assert got.steps == 2 * BUCKETS + 3 and np.isfinite(got.s)
+    noise.add(tf.constant([10.0, 4.0, 2.0]), tf.constant(1.0))
+    assert noise.sums.numpy()[:, 2].tolist() == [1.0] + [0.0] * (BUCKETS - 1)
+
+
 def test_the_preconditioner_is_adams_step_per_unit_gradient():
     """After two Adam steps, the scales for a third step's gradient are the step that Adam
     then takes per unit gradient (with beta_1 = 0 its first moment is the gradient itself:
