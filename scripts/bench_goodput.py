@@ -69,8 +69,9 @@ def arm_args(arm: str) -> list[str]:
         rule = arm[len("adaptive-"):]
         return ["-B", str(B0), "--lr", str(LR0), "--adaptive-batch",
                 "--batch-range", f"{B0},{TOP}", *(["--lr-rule", rule] if rule else [])]
-    b = int(arm.split("-")[1])
-    return ["-B", str(b), "--lr", f"{LR0 * math.sqrt(b / B0):.6g}"]
+    size, _, rate = arm[len("fixed-"):].partition("-lr")   # fixed-B, or fixed-B-lrRATE
+    b = int(size)
+    return ["-B", str(b), "--lr", f"{float(rate) if rate else LR0 * math.sqrt(b / B0):.6g}"]
 
 
 def curve(rec: dict) -> list[tuple[float, float]]:
@@ -202,9 +203,12 @@ def main() -> None:
     ap.add_argument("--dir", default="results/goodput")
     ap.add_argument("--scenarios", default="1,1,2,4@1e-4;quota:1,0.25",
                     help="';'-separated: SPEEDS@UNIT (emulated) or quota:SHARES")
-    ap.add_argument("--grid", default="100,200,400,800", help="fixed global batches")
+    ap.add_argument("--grid", default="100,200,400,800",
+                    help="fixed global batches: B (at the square-root rule's rate) or "
+                         "B-lrRATE (e.g. 100-lr0.02: at that rate)")
     ap.add_argument("--rules", default=default_lr_rule(sgd=False),
-                    help="learning-rate rules of the adaptive arms (hetgrad train --lr-rule)")
+                    help="learning-rate rules of the adaptive arms (hetgrad train --lr-rule); "
+                         "'' for none")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--epochs", type=int, default=20)
     ap.add_argument("--target", type=float, default=0.85)
@@ -212,8 +216,8 @@ def main() -> None:
                     help="MNIST-1D samples (5000: the package's own set)")
     args = ap.parse_args()
     args.scenarios = args.scenarios.split(";")
-    args.grid = [int(b) for b in args.grid.split(",")]
-    args.rules = args.rules.split(",")
+    args.grid = args.grid.split(",")
+    args.rules = [r for r in args.rules.split(",") if r]
     out = Path(args.dir)
     out.mkdir(parents=True, exist_ok=True)
     run_all(args, out)
