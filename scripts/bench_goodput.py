@@ -64,14 +64,14 @@ def adaptive_arm(rule: str) -> str:
     return "adaptive" if rule == default_lr_rule(sgd=False) else f"adaptive-{rule}"
 
 
-def arm_args(arm: str) -> list[str]:
+def arm_args(arm: str, lr0: float = LR0) -> list[str]:
     if arm.startswith("adaptive"):
         rule = arm[len("adaptive-"):]
-        return ["-B", str(B0), "--lr", str(LR0), "--adaptive-batch",
+        return ["-B", str(B0), "--lr", str(lr0), "--adaptive-batch",
                 "--batch-range", f"{B0},{TOP}", *(["--lr-rule", rule] if rule else [])]
     size, _, rate = arm[len("fixed-"):].partition("-lr")   # fixed-B, or fixed-B-lrRATE
     b = int(size)
-    return ["-B", str(b), "--lr", f"{float(rate) if rate else LR0 * math.sqrt(b / B0):.6g}"]
+    return ["-B", str(b), "--lr", f"{float(rate) if rate else lr0 * math.sqrt(b / B0):.6g}"]
 
 
 def curve(rec: dict) -> list[tuple[float, float]]:
@@ -95,7 +95,7 @@ def run_all(args, out: Path) -> None:
         ranks, extra, placement = profile(scenario)
         for seed, arm in interleaved(arms, args.seeds):
             train_once(out / f"{tag_of(scenario)}_{arm}_s{seed}.json", ranks,
-                       [*TASK, *data, *arm_args(arm), *extra, "--seed", str(seed),
+                       [*TASK, *data, *arm_args(arm, args.lr0), *extra, "--seed", str(seed),
                         "--epochs", str(args.epochs)], placement, tag="goodput",
                        scenario=scenario, arm=arm, seed=seed)
 
@@ -209,6 +209,9 @@ def main() -> None:
     ap.add_argument("--rules", default=default_lr_rule(sgd=False),
                     help="learning-rate rules of the adaptive arms (hetgrad train --lr-rule); "
                          "'' for none")
+    ap.add_argument("--lr0", type=float, default=LR0,
+                    help="the learning rate at B_0 (the adaptive arm's; fixed arms at "
+                         "lr0 sqrt(B / B_0))")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--epochs", type=int, default=20)
     ap.add_argument("--target", type=float, default=0.85)
