@@ -64,14 +64,22 @@ def adaptive_arm(rule: str) -> str:
     return "adaptive" if rule == default_lr_rule(sgd=False) else f"adaptive-{rule}"
 
 
+def fixed_arm(arm: str) -> tuple[int, float | None]:
+    """``fixed-B`` -> (B, None: the square-root rule's rate); ``fixed-B-lrRATE`` -> (B, RATE).
+    ValueError for anything else."""
+    size, _, rate = arm.removeprefix("fixed-").partition("-lr")
+    if not arm.startswith("fixed-") or int(size) < 1:
+        raise ValueError(arm)
+    return int(size), float(rate) if rate else None
+
+
 def arm_args(arm: str, lr0: float = LR0) -> list[str]:
     if arm.startswith("adaptive"):
         rule = arm[len("adaptive-"):]
         return ["-B", str(B0), "--lr", str(lr0), "--adaptive-batch",
                 "--batch-range", f"{B0},{TOP}", *(["--lr-rule", rule] if rule else [])]
-    size, _, rate = arm[len("fixed-"):].partition("-lr")   # fixed-B, or fixed-B-lrRATE
-    b = int(size)
-    return ["-B", str(b), "--lr", f"{float(rate) if rate else lr0 * math.sqrt(b / B0):.6g}"]
+    b, rate = fixed_arm(arm)
+    return ["-B", str(b), "--lr", f"{rate if rate else lr0 * math.sqrt(b / B0):.6g}"]
 
 
 def curve(rec: dict) -> list[tuple[float, float]]:
@@ -100,16 +108,20 @@ def run_all(args, out: Path) -> None:
                        scenario=scenario, arm=arm, seed=seed)
 
 
+def records(out: Path) -> dict[str, dict[str, dict[int, dict]]]:
+    """The run's records as ``{scenario: {arm: {seed: record}}}``, scenarios sorted."""
+    runs = [json.loads(p.read_text()) for p in sorted(out.glob("*_s*.json"))]
+    grouped: dict = {}
+    for r in sorted(runs, key=lambda r: r["scenario"]):
+        grouped.setdefault(r["scenario"], {}).setdefault(r["arm"], {})[r["seed"]] = r
+    return grouped
+
+
 def summarize(out: Path, target: float) -> list[dict]:
     """Per scenario and arm: time to target per seed, its mean, final accuracy; and the
     adaptive arm's paired ratios to the default and to the best fixed arm."""
-    runs = [json.loads(p.read_text()) for p in sorted(out.glob("*_s*.json"))]
     rows = []
-    for scenario in sorted({r["scenario"] for r in runs}):
-        mine = [r for r in runs if r["scenario"] == scenario]
-        by_arm = {}
-        for r in mine:
-            by_arm.setdefault(r["arm"], {})[r["seed"]] = r
+    for scenario, by_arm in records(out).items():
         for arm, seeds in sorted(by_arm.items()):
             times = {s: time_to(r, target) for s, r in seeds.items()}
             reached = [t for t in times.values() if t is not None]
@@ -220,6 +232,11 @@ def main() -> None:
     args = ap.parse_args()
     args.scenarios = args.scenarios.split(";")
     args.grid = args.grid.split(",")
+    for b in args.grid:
+        try:
+            fixed_arm(f"fixed-{b}")
+        except ValueError:
+            ap.error(f"--grid: {b!r} is neither a batch B nor B-lrRATE (e.g. 100-lr0.02)")
     args.rules = [r for r in args.rules.split(",") if r]
     out = Path(args.dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -19,10 +19,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-from collections import defaultdict
 from pathlib import Path
 
 from bench.tables import markdown, num
+from bench_goodput import fixed_arm, records
 from hetgrad.goodput import efficiency
 
 LEVELS = (0.80, 0.85, 0.90, 0.92, 0.93)
@@ -37,16 +37,6 @@ def crossing(accuracies: list[float], level: float) -> float | None:
             return epoch - 1 + (level - before) / (acc - before) if acc > before else epoch
         before = acc
     return None
-
-
-def load(run: Path) -> dict:
-    """``{scenario: {arm: {seed: record}}}`` of the run's records."""
-    out: dict = defaultdict(lambda: defaultdict(dict))
-    for path in sorted(run.glob("*_s*.json")):
-        rec = json.loads(path.read_text())
-        if "arm" in rec:
-            out[rec["scenario"]][rec["arm"]][rec["seed"]] = rec
-    return out
 
 
 def reached_noise(records: dict, level: float) -> float | None:
@@ -65,12 +55,14 @@ def reached_noise(records: dict, level: float) -> float | None:
 def rows_of(arms: dict, b0: int) -> list[dict]:
     """One row per accuracy level and fixed batch above ``b0``."""
     base = arms.get(f"fixed-{b0}", {})
+    sizes = {a: fixed_arm(a) for a in arms if a.startswith("fixed-")}
+    compared = sorted((a for a, (b, rate) in sizes.items() if rate is None and b != b0),
+                      key=lambda a: sizes[a][0])   # (arms at a rate of their own: not B's)
     rows = []
     for level in LEVELS:
         b_noise = reached_noise(arms.get("adaptive", {}), level)
-        for arm in sorted((a for a in arms if a.startswith("fixed-") and a != f"fixed-{b0}"),
-                          key=lambda a: int(a.split("-")[1])):
-            batch, ratios = int(arm.split("-")[1]), []
+        for arm in compared:
+            batch, ratios = sizes[arm][0], []
             for seed, rec in arms[arm].items():
                 mine = crossing([r["test_accuracy"] for r in rec["epochs"]], level)
                 theirs = seed in base and crossing(
@@ -92,7 +84,7 @@ def main() -> None:
     ap.add_argument("--b0", type=int, default=100, help="the starting (default) global batch")
     ap.add_argument("--out", required=True, help="JSON to write")
     args = ap.parse_args()
-    table = {scenario: rows_of(arms, args.b0) for scenario, arms in load(Path(args.run)).items()}
+    table = {scenario: rows_of(arms, args.b0) for scenario, arms in records(Path(args.run)).items()}
     Path(args.out).write_text(json.dumps({"run": args.run, "b0": args.b0, "rows": table},
                                          indent=1))
     print(markdown(["scenario", "test acc", "B", "seeds", "E measured", "B_noise implied",
