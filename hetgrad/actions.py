@@ -169,9 +169,8 @@ class Checkpointing(Action):
             return
         states = job.comm.gather(job.reducer.state_dict(), root=0)
         per_rank = states if job.rank == 0 and any(states) else None
-        shift = job.progress.shift if step else 0   # a split epoch's rest: its numbering
         self.checkpointer.save(epoch if step else epoch + 1, per_rank, step=step,
-                               plan=job.plan.to_dict(), **({"shift": shift} if shift else {}))
+                               plan=job.plan.to_dict(), shift=job.progress.shift if step else 0)
 
     def on_train_end(self, job):
         if not job.progress.stop_requested:
