@@ -64,7 +64,7 @@ class EpochNoise:
         """From the six sums of :meth:`from_sums` kept per bucket of interleaved steps (the
         epoch's ``k``-th measured step in bucket ``k mod len(table)``): the plain means,
         unbiased -- unless their ``|G|^2`` is not above 0 (a few steps of one rank's norm far
-        above the rest: ``S`` far up, ``|G|^2`` far down; ~8 % of the goodput runs' epochs,
+        above the rest: ``S`` far up, ``|G|^2`` far down; ~7 % of the goodput runs' epochs,
         which held the smoothed noise scale at nothing for 2-4 epochs after) and every
         bucket holds ``least`` steps: then the medians of the buckets' means, their
         (co)variances ``pi/2`` those of the plain means (a median of means: those steps move
