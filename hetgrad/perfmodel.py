@@ -112,20 +112,49 @@ def _least_squares(pts: list[list[float]]) -> tuple[float, float]:
     return mt - c * mb, c
 
 
-def _interpolate(pts: list[list[float]], b: float) -> float:
-    """The piecewise-linear curve through ``pts``, made non-decreasing, extended linearly."""
+def _monotone(pts: list[list[float]]) -> list[tuple[float, float]]:
+    """The points with each time raised to the largest before it (a non-decreasing curve)."""
     mono, top = [], 0.0
     for pb, pt in pts:
         top = max(top, pt)
         mono.append((pb, top))
-    if len(mono) == 1:
-        return mono[0][1] * b / mono[0][0]
+    return mono
+
+
+def _segment(mono: list[tuple[float, float]], b: float) -> int:
+    """The end point's index of the segment that holds ``b`` (the end ones extended)."""
     i = 1
     while i < len(mono) - 1 and b > mono[i][0]:
         i += 1
-    (b0, t0), (b1, t1) = mono[i - 1], mono[i]
+    return i
+
+
+def _interpolate(pts: list[list[float]], b: float) -> float:
+    """The piecewise-linear curve through ``pts``, made non-decreasing, extended linearly."""
+    mono = _monotone(pts)
+    if len(mono) == 1:
+        return mono[0][1] * b / mono[0][0]
+    (b0, t0), (b1, t1) = mono[(i := _segment(mono, b)) - 1], mono[i]
     slope = (t1 - t0) / (b1 - b0) if b1 > b0 else 0.0
     return max(t0 + slope * (b - b0), 1e-12)
+
+
+def _largest_within(pts: list[list[float]], t: float) -> float:
+    """The largest batch at which :func:`_interpolate` is at most ``t`` (inf: it never
+    exceeds it); the curve is non-decreasing, so every batch below it is within too."""
+    mono = _monotone(pts)
+    if len(mono) == 1:
+        return t * mono[0][0] / mono[0][1]
+    for i in range(len(mono) - 1, 0, -1):   # the last segment whose start is within t
+        (b0, t0), (b1, t1) = mono[i - 1], mono[i]
+        flat = t1 <= t0 or b1 <= b0
+        if t0 > t and (i > 1 or flat):   # (the first one also goes on to the left)
+            continue
+        end = math.inf if i == len(mono) - 1 else b1
+        if flat:   # within all along
+            return end
+        return min(b0 + (t - t0) * (b1 - b0) / (t1 - t0), end)
+    return 0.0
 
 
 def probe_batches(top: int, global_batch: int, world_size: int, count: int = 3) -> list[int]:
@@ -160,14 +189,17 @@ def equal_time_batches(models: Sequence[StepModel], total: int, lo: Sequence[int
 
 
 def _batch_at(model: StepModel, level: float) -> float:
-    """The largest batch whose predicted time is at most ``level`` (bisection on b)."""
-    lo, hi = 0.0, 1.0
-    while model.time(hi) <= level and hi < 1e9:
-        hi *= 2
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if model.time(mid) <= level else (lo, mid)
-    return lo
+    """The largest batch (0 to :data:`BATCH_CEILING`) whose predicted time is at most
+    ``level``, by inverting the model (its time does not decrease with the batch)."""
+    t = level / model.scale
+    if model.kind == "piecewise":
+        b = _largest_within(model.points, t)
+    else:
+        b = (t - model.fixed_s) * model.samples_per_s
+    return min(max(b, 0.0), BATCH_CEILING)
+
+
+BATCH_CEILING = 1e9   # no rank's batch is larger: where a model never reaches a level
 
 
 def _water_level(models, total, lo, hi) -> float:

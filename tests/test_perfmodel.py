@@ -7,8 +7,8 @@ from hypothesis import given, settings, strategies as st
 
 from hetgrad.partition import Plan, equal_plan, fixed_plan, make_plan
 from hetgrad.probe import ProbeResult, refine
-from hetgrad.perfmodel import (StepModel, constant, equal_time_batches, fit, probe_batches,
-                               relative_noise, scale_through)
+from hetgrad.perfmodel import (BATCH_CEILING, StepModel, _batch_at, constant, equal_time_batches,
+                               fit, probe_batches, relative_noise, scale_through)
 
 
 def test_affine_fit_recovers_fixed_cost_and_speed():
@@ -97,7 +97,28 @@ def brute_force(models, total, lo, hi):
     return best
 
 
-model_st = st.builds(StepModel, st.floats(0.0, 0.05), st.floats(10.0, 5000.0))
+affine_st = st.builds(StepModel, st.floats(0.0, 0.05), st.floats(10.0, 5000.0))
+# a probe's curve as fit() may leave it: points sorted by batch, times maybe falling (raised
+# to a non-decreasing curve) or flat, a scale from the rebalancer
+piecewise_st = st.builds(
+    lambda pts, scale: StepModel(0.0, 1.0, kind="piecewise", scale=scale,
+                                 points=sorted([float(b), t] for b, t in pts)),
+    st.lists(st.tuples(st.integers(1, 30), st.floats(1e-4, 0.05)), min_size=1, max_size=4,
+             unique_by=lambda p: p[0]),
+    st.floats(0.5, 2.0))
+model_st = st.one_of(affine_st, piecewise_st)
+
+
+@settings(max_examples=300, deadline=None)
+@given(model=model_st, level=st.floats(1e-6, 0.2))
+def test_the_largest_batch_within_a_step_time_inverts_the_model(model, level):
+    b = _batch_at(model, level)
+    if b == 0.0:   # nothing within: not even a sliver of a sample
+        assert model.time(1e-9) > level or model.time(0.0) > level
+        return
+    assert model.time(b) <= level * (1 + 1e-9) + 1e-15
+    if b < BATCH_CEILING:   # and a little more is not
+        assert model.time(b * (1 + 1e-6) + 1e-6) > level
 
 
 @settings(max_examples=200, deadline=None)
