@@ -61,9 +61,8 @@ class _StopCheck(keras.callbacks.Callback):
         self.steps = None
 
     def on_train_batch_end(self, batch, logs=None):
-        if (batch + 1) % self.every:
-            return
-        if self.comm.allreduce_sum(np.array([float(preempt.requested())]))[0] > 0:
+        if (batch + 1) % self.every == 0 and self.comm.allreduce_sum(
+                np.array([float(preempt.requested())]))[0] > 0:
             self.steps = batch + 1
             self.model.stop_training = True
 
@@ -95,6 +94,7 @@ def run_epochs(job: "Run") -> float:
                 if not progress.split_step:
                     break
                 part, first = row, progress.go_on()
+            row["elapsed_s"] = time.perf_counter() - t0   # all of it: the actions' too
             progress.epochs.append(row)
             if early or progress.stop_requested:
                 break

@@ -212,3 +212,14 @@ def test_a_cell_says_whether_the_claim_holds():
             for r in runs]
     assert claim.cells(slow)[0]["verdict"] == "accuracy better; speed short of the claim"
     assert "| mlp/digits | 1,8 | 5 |" in claim.markdown([row])
+
+
+def test_time_to_target_is_wall_time_less_evaluation_and_old_records_still_read():
+    import bench_goodput as bg
+    rows = [{"time_s": 2.0, "eval_time_s": 0.1, "elapsed_s": 2.6, "test_accuracy": 0.5},
+            {"time_s": 0.5, "eval_time_s": 0.1, "elapsed_s": 3.5, "test_accuracy": 0.95}]
+    # the 0.4 s between the first epoch's fit and the second's counted; 0.2 s of evaluation not
+    assert bg.time_to({"epochs": rows}, 0.9) == pytest.approx(3.3)
+    old = [{k: v for k, v in r.items() if k != "elapsed_s"} for r in rows]
+    assert bg.time_to({"epochs": old}, 0.9) == pytest.approx(2.5)
+    assert bg.time_to({"epochs": rows}, 0.99) is None
