@@ -104,6 +104,17 @@ def time_to(rec: dict, target: float) -> float | None:
     return next((t for t, acc in curve(rec) if acc >= target), None)
 
 
+def between(rec: dict) -> float:
+    """Seconds per epoch outside its fits and evaluation: the work between epochs (the
+    adaptive arm's choice and re-plan, checkpoints, barriers); from the run's wall time
+    for a record from before ``elapsed_s``."""
+    rows = rec["epochs"]
+    end = rows[-1]["elapsed_s"] if "elapsed_s" in rows[-1] else rec["wall_time_s"]
+    inside = sum(r["time_s"] + r.get("eval_time_s", 0.0) + r.get("validation_s", 0.0)
+                 for r in rows)
+    return (end - inside) / len(rows)
+
+
 def run_all(args, out: Path) -> None:
     arms = [*map(adaptive_arm, args.rules), *(f"fixed-{b}" for b in args.grid)]
     data = ["--data", mnist1d_data(args.data_size, out / "data")]
@@ -136,6 +147,7 @@ def summarize(out: Path, target: float) -> list[dict]:
             rows.append({"scenario": scenario, "arm": arm, "seeds": len(seeds),
                          "time_to_target": times,
                          "probe_s": statistics.mean(r["probe_time_s"] for r in seeds.values()),
+                         "between_s": statistics.mean(map(between, seeds.values())),
                          "mean_time": statistics.mean(reached) if len(reached) == len(times)
                          else None,
                          "final_accuracy": statistics.mean(r["final_test_accuracy"]
@@ -173,10 +185,12 @@ def ratios(rows: list[dict], default: str) -> list[dict]:
 
 def tables(rows: list[dict], paired: list[dict], target: float) -> str:
     arms = markdown(["scenario", "arm", "seeds", "time to target (s), per seed", "mean",
-                     "probe (s)", "final test acc", "global batch per epoch (seed 0)"],
+                     "probe (s)", "between epochs (s/epoch)", "final test acc",
+                     "global batch per epoch (seed 0)"],
                     [[r["scenario"], r["arm"], r["seeds"],
                       ", ".join(num(t, ".1f") for _, t in sorted(r["time_to_target"].items())),
                       num(r["mean_time"], ".1f"), f"{r['probe_s']:.1f}",
+                      f"{r['between_s']:.2f}",
                       f"{r['final_accuracy']:.3f}",
                       _batches(r["batches"].get(0))] for r in rows])
     vs = markdown(["scenario", "arm", "vs", "time ratio per seed", "mean", "final acc diff"],

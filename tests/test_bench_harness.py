@@ -223,3 +223,6 @@ def test_time_to_target_is_wall_time_less_evaluation_and_old_records_still_read(
     old = [{k: v for k, v in r.items() if k != "elapsed_s"} for r in rows]
     assert bg.time_to({"epochs": old}, 0.9) == pytest.approx(2.5)
     assert bg.time_to({"epochs": rows}, 0.99) is None
+    # per epoch, what ran outside the fits and the evaluations: (3.5 - 2.7) / 2
+    assert bg.between({"epochs": rows}) == pytest.approx(0.4)
+    assert bg.between({"epochs": old, "wall_time_s": 3.9}) == pytest.approx(0.6)
