@@ -50,7 +50,7 @@ class AdaptiveBatch(Action):
     """Choose each epoch's global batch by goodput (needs the noise scale measured); the
     factor on the learning rate is kept in the checkpoint's state (``adaptive``)."""
 
-    def __init__(self, chooser: BatchChooser, rebalancer, lr_rule: str, verbose: bool,
+    def __init__(self, chooser: BatchChooser, rebalancer, lr_rule: str, verbose: int,
                  saved: dict | None = None):
         self.chooser, self.rebalancer, self.verbose = chooser, rebalancer, verbose
         self.lr_rule = lr_rule   # one of goodput.LR_RULES
@@ -115,12 +115,13 @@ class AdaptiveBatch(Action):
         choice = self.chooser.choose(
             plan.global_batch, b_noise,
             lambda b: _step_s(models, b, plan, self.rebalancer, exchange_s), interval, grid=grid)
-        if self._apply(job, choice, models, row, f"step {k} of epoch 1"):
+        if self._apply(job, choice, models, row, f"step {k} of epoch 1", inside=True):
             job.progress.continue_step = k * plan.global_batch // choice.batch
 
-    def _apply(self, job, choice, models, row: dict, when: str) -> bool:
+    def _apply(self, job, choice, models, row: dict, when: str, inside: bool = False) -> bool:
         """Rank 0's choice for all (the measured step times are each rank's own clock):
-        into the row, the rate's factor, a re-plan if the batch changed (returned)."""
+        into the row, the rate's factor, a re-plan if the batch changed (returned), said on
+        a line of its own (``inside`` an epoch, Keras' bar, ``verbose`` 1, is mid-line)."""
         choice = job.comm.bcast(choice if job.rank == 0 else None, root=0)
         row.update(batch_next=choice.batch, efficiency=choice.efficiency,
                    goodput_predicted=choice.goodput, batch_changed=choice.changed)
@@ -132,8 +133,9 @@ class AdaptiveBatch(Action):
             new = _replanned(models, choice.batch, plan, self.rebalancer)
             if job.rank == 0 and self.verbose:
                 least = "" if row.get("b_noise_smoothed") else ">= "   # the interval's end
-                print(f"hetgrad: global batch {plan.global_batch} -> {choice.batch} after "
-                      f"{when}: B_noise {least}{choice.b_noise:.0f}, predicted goodput "
+                lead = "\n" if inside and self.verbose == 1 else ""
+                print(f"{lead}hetgrad: global batch {plan.global_batch} -> {choice.batch} "
+                      f"after {when}: B_noise {least}{choice.b_noise:.0f}, predicted goodput "
                       f"{_gain(choice)}, "
                       f"learning rate x{self.factor:.3g}, batches {new.batches}", flush=True)
             job.progress.plan = new

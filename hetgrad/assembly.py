@@ -228,7 +228,7 @@ def _actions(spec: RunSpec, comm, probed: list[ProbeResult], checkpointer,
         Checkpointing: Checkpointing(checkpointer),
         Noise: Noise() if spec.gns or spec.adaptive_batch else None,
         AdaptiveBatch: AdaptiveBatch(BatchChooser(*spec.adaptive_batch, spec.global_batch),
-                                     rebalancer, spec.lr_rule, verbose,
+                                     rebalancer, spec.lr_rule, spec.verbose,
                                      (state or {}).get("adaptive"))
         if spec.adaptive_batch else None,
         Scalars: Scalars(spec.tensorboard, rebalancer) if spec.tensorboard else None,

@@ -167,6 +167,11 @@ def test_hk_fit_scales_the_learning_rate_inside_epochs_only(world3):
     assert res["indices"][0] == list(range(k + rest))
     assert res["told"][0] == res["bar"][0] == k + rest
     assert res["told"][1] == res["bar"][1] == len(res["indices"][1]) == res["steps"][1]
+    # hk.fit's bar (verbose=1) is mid-line at the split: the choice's line starts a new one
+    said = [line for line in res["printed"].split("\n") if "hetgrad: global batch" in line]
+    assert said and said[0].startswith(f"hetgrad: global batch {B0} -> "), res["printed"]
+    before = res["printed"].split("hetgrad: global batch")[0]
+    assert f"/{steps}" in before.split("\n")[-2]   # on the line the bar was drawing
 
 
 @pytest.fixture(scope="module")

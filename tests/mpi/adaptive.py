@@ -1,6 +1,8 @@
 """The goodput-driven global batch through hk.fit: the learning rate a user's callbacks see
 inside and at the end of each epoch, and the steps each epoch ran (the case
 ``adaptive:fit`` of a test world, tests/world.py)."""
+import contextlib
+import io
 import json
 import os
 import signal
@@ -50,8 +52,8 @@ class SeenRates(keras.callbacks.Callback):
 
 
 class SeenBar(keras.callbacks.ProgbarLogger):
-    """Keras' progress bar counting steps (as hk.fit's own: silent here), its target at each
-    epoch's last step."""
+    """Keras' progress bar counting steps (silent: the fits inside run at verbose 0), its
+    target at each epoch's last step."""
 
     def __init__(self):
         super().__init__(**({} if compat.KERAS3 else {"count_mode": "steps"}))
@@ -95,16 +97,18 @@ def fit(epochs: int = 4, fail: bool = False) -> dict:
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     seen, bar = SeenRates(), SeenBar()
     extra = [RaiseInLastEpoch(epochs - 1)] if fail else []
+    printed = io.StringIO()   # rank 0's output: Keras' bar (verbose 1) and hetgrad's lines
     try:
-        hk.fit(model, x, y, global_batch=B0, epochs=epochs, adaptive_batch=(B0, 512),
-               callbacks=[seen, bar, *extra], verbose=0)
+        with contextlib.redirect_stdout(printed):
+            hk.fit(model, x, y, global_batch=B0, epochs=epochs, adaptive_batch=(B0, 512),
+                   callbacks=[seen, bar, *extra], verbose=1)
         raised = None
     except RuntimeError as exc:
         raised = str(exc)
     return {"inside": [sorted(s) for s in seen.inside], "at_end": seen.at_end,
             "steps": seen.steps, "runs": seen.runs, "raised": raised,
             "indices": seen.indices, "told": seen.told, "bar": bar.targets,
-            "lr_after": compat.learning_rate(model.optimizer)}
+            "lr_after": compat.learning_rate(model.optimizer), "printed": printed.getvalue()}
 
 
 class _Trained(keras.callbacks.Callback):
