@@ -141,6 +141,11 @@ def summarize(out: Path, target: float) -> list[dict]:
     adaptive arm's paired ratios to the default and to the best fixed arm."""
     rows = []
     for scenario, by_arm in records(out).items():
+        walls = {"elapsed_s" in r["epochs"][0] for seeds in by_arm.values() for r in seeds.values()}
+        if len(walls) > 1:   # wall times against fits' times: no ratio to take
+            raise SystemExit(f"bench: {out}: scenario {scenario} mixes records with and without "
+                             "elapsed_s (runs before and after wall time was counted); "
+                             "run it again in a new --dir")
         for arm, seeds in sorted(by_arm.items()):
             times = {s: time_to(r, target) for s, r in seeds.items()}
             reached = [t for t in times.values() if t is not None]

@@ -226,3 +226,14 @@ def test_time_to_target_is_wall_time_less_evaluation_and_old_records_still_read(
     # per epoch, what ran outside the fits and the evaluations: (3.5 - 2.7) / 2
     assert bg.between({"epochs": rows}) == pytest.approx(0.4)
     assert bg.between({"epochs": old, "wall_time_s": 3.9}) == pytest.approx(0.6)
+
+
+def test_a_scenario_mixing_wall_and_fit_times_is_refused(tmp_path):
+    import bench_goodput as bg
+    for arm, rows in (("adaptive", [{"time_s": 1.0, "elapsed_s": 1.2, "test_accuracy": 0.9}]),
+                      ("fixed-100", [{"time_s": 1.0, "test_accuracy": 0.9}])):
+        rec = {"scenario": "1,2", "arm": arm, "seed": 0, "epochs": rows, "wall_time_s": 1.3,
+               "probe_time_s": 0.1, "final_test_accuracy": 0.9}
+        (tmp_path / f"1-2_{arm}_s0.json").write_text(json.dumps(rec))
+    with pytest.raises(SystemExit, match="mixes records with and without elapsed_s"):
+        bg.summarize(tmp_path, 0.85)

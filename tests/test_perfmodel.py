@@ -98,6 +98,9 @@ def brute_force(models, total, lo, hi):
 
 
 affine_st = st.builds(StepModel, st.floats(0.0, 0.05), st.floats(10.0, 5000.0))
+scaled_st = st.builds(lambda m, scale: m.scaled(scale),
+                      st.one_of(affine_st, st.builds(constant, st.floats(10.0, 5000.0))),
+                      st.floats(0.5, 2.0))
 # a probe's curve as fit() may leave it: points sorted by batch, times maybe falling (raised
 # to a non-decreasing curve) or flat, a scale from the rebalancer
 piecewise_st = st.builds(
@@ -106,7 +109,7 @@ piecewise_st = st.builds(
     st.lists(st.tuples(st.integers(1, 30), st.floats(1e-4, 0.05)), min_size=1, max_size=4,
              unique_by=lambda p: p[0]),
     st.floats(0.5, 2.0))
-model_st = st.one_of(affine_st, piecewise_st)
+model_st = st.one_of(affine_st, scaled_st, piecewise_st)
 
 
 @settings(max_examples=300, deadline=None)
