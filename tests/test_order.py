@@ -73,3 +73,12 @@ def test_replan_or_resume_mid_epoch_continues_the_sequence():
     one = steps_of(make_plan([1], 96, N))
     assert all(np.array_equal(s, o) for s, o in zip(switched, one))
     assert all(np.array_equal(s, o) for s, o in zip(resumed, one[6:]))
+
+
+def test_the_pipelines_run_without_autotuning():
+    """A fit or evaluate ends by deleting its iterator, which with tf.data's autotuning waits
+    for the tuning thread to wake up (up to 0.5 s per epoch on 2 cores, docs/results.md)."""
+    from hetgrad.data.reader import in_order
+    plan = make_plan([1.0, 2.0], 6, len(IDS))
+    for ds in (rank_batches(IDS, plan, 1, 0, 0), in_order(IDS, 4)):
+        assert ds.options().autotune.enabled is False

@@ -34,7 +34,7 @@ def rank_batches(source: Source, plan: Plan, rank: int, seed: int, epoch,
     ds = steps.map(batch, num_parallel_calls=AUTOTUNE, deterministic=True)
     if source.decode is not None:
         ds = ds.map(_decoded(source.decode), num_parallel_calls=AUTOTUNE, deterministic=True)
-    return ds.prefetch(2)
+    return untuned(ds.prefetch(2))
 
 
 def shard(x, y=None, plan: Plan | None = None, *, seed: int = 0,
@@ -76,7 +76,17 @@ def in_order(source: Source, batch: int) -> tf.data.Dataset:
         lambda s: read(tf.range(s, tf.minimum(s + batch, n))))
     if source.decode is not None:
         ds = ds.map(_decoded(source.decode))
-    return ds.prefetch(2)
+    return untuned(ds.prefetch(2))
+
+
+def untuned(ds: tf.data.Dataset) -> tf.data.Dataset:
+    """``ds`` without tf.data's autotuning (``AUTOTUNE`` parallelism: the cores): its model
+    thread wakes up only now and then, and deleting an iterator waits for it -- at the end
+    of every ``fit`` and ``evaluate``, one iterator each, up to 0.5 s on 2 cores
+    (docs/results.md)."""
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return ds.with_options(options)
 
 
 def first_batch(source: Source, size: int, seed: int = 0):
