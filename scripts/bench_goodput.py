@@ -94,10 +94,15 @@ def curve(rec: dict) -> list[tuple[float, float]]:
     t, evaluated, out = 0.0, 0.0, []
     for row in rec["epochs"]:
         t += row["time_s"]
-        evaluated += row.get("eval_time_s", 0.0) + row.get("validation_s", 0.0)
+        evaluated += evaluation_s(row)
         out.append((row["elapsed_s"] - evaluated if "elapsed_s" in row else t,
                     row["test_accuracy"]))
     return out
+
+
+def evaluation_s(row: dict) -> float:
+    """An epoch's seconds of evaluation: rank 0's test-set score and a fit's validation."""
+    return row.get("eval_time_s", 0.0) + row.get("validation_s", 0.0)
 
 
 def time_to(rec: dict, target: float) -> float | None:
@@ -110,8 +115,7 @@ def between(rec: dict) -> float:
     for a record from before ``elapsed_s``."""
     rows = rec["epochs"]
     end = rows[-1]["elapsed_s"] if "elapsed_s" in rows[-1] else rec["wall_time_s"]
-    inside = sum(r["time_s"] + r.get("eval_time_s", 0.0) + r.get("validation_s", 0.0)
-                 for r in rows)
+    inside = sum(r["time_s"] + evaluation_s(r) for r in rows)
     return (end - inside) / len(rows)
 
 
