@@ -140,17 +140,11 @@ class Aggregation:
         check_before = self.check is not None and self.reducer.check_local
         if check_before:
             grads = local_check(grads)
-        riding = self.noise is not None and self.weight.fused   # no message of their own
-        if self.noise is not None and not riding:
-            self.noise.send_alone()
         t_ready = self.timer.ready(grads) if self.timer is not None else None
-        if self.weight.fused:   # n_i (and the noise scale's numbers) in the same exchange
-            carried = [tf.reshape(self.weight.local_count(), [1])] \
-                + ([self.noise.outgoing()] if riding else [])
-            out, sums = self.reducer.reduce_with(grads, [tf.concat(carried, 0)])
+        if self.weight.fused:   # n_i in the same exchange
+            out, sums = self.reducer.reduce_with(
+                grads, [tf.reshape(self.weight.local_count(), [1])])
             out = scaled(out, 1.0 / sums[0][0])
-            if riding:
-                self.noise.received(sums[0][1:])
         else:
             out = self.reducer.reduce(grads)
         if self.noise is not None:

@@ -23,6 +23,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
+
 
 def estimate(batches: Sequence[float], local_sq_norms: Sequence[float],
              global_sq_norm: float) -> tuple[float, float] | None:
@@ -31,9 +33,19 @@ def estimate(batches: Sequence[float], local_sq_norms: Sequence[float],
     held = [(b, n) for b, n in zip(batches, local_sq_norms) if b > 0]
     if len(held) < 2:
         return None
-    total = sum(b for b, _ in held)
-    s = (sum(b * n for b, n in held) - total * global_sq_norm) / (len(held) - 1)
-    return s, global_sq_norm - s / total
+    return from_sums(sum(b * n for b, n in held), sum(b for b, _ in held), len(held),
+                     global_sq_norm)
+
+
+Number = float | np.ndarray
+
+
+def from_sums(sum_bn: Number, total: Number, held: Number, n: Number) -> tuple[Number, Number]:
+    """``S_hat`` and ``|G|^2_hat`` from the sums over the ranks of ``b_i n_i``, ``b_i`` and of
+    the ranks that held samples (two or more), and ``n = |g|^2``: of one step, or of many
+    (arrays, one entry per step)."""
+    s = (sum_bn - total * n) / (held - 1)
+    return s, n - s / total
 
 
 @dataclass
@@ -77,6 +89,20 @@ class EpochNoise:
         wider = math.pi / 2
         return cls(s, g2, whole.steps, wider * whole.var_s, wider * whole.var_g2,
                    wider * whole.cov)
+
+    @classmethod
+    def from_rows(cls, rows: np.ndarray, buckets: int = 8) -> "EpochNoise":
+        """From an epoch's measured steps, one row each: the sums over the ranks of ``b_i
+        n_i``, ``b_i``, of the ranks that held samples, and ``n``. A step held by fewer than
+        two ranks counts for nothing (its ``n`` may be NaN); the counted ones go round
+        ``buckets`` buckets of interleaved steps in turn (:meth:`from_buckets`)."""
+        rows = np.asarray(rows, np.float64).reshape(-1, 4)
+        rows = rows[rows[:, 2] >= 2]
+        s, g2 = from_sums(*rows.T)
+        step = np.stack([s, g2, np.ones_like(s), s * s, g2 * g2, s * g2], 1)
+        table = np.zeros((buckets, 6))
+        np.add.at(table, np.arange(len(step)) % buckets, step)
+        return cls.from_buckets(table.tolist())
 
 
 @dataclass

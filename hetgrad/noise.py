@@ -1,25 +1,24 @@
 """The gradient noise scale measured in the training graph (the estimator: :mod:`hetgrad.gns`).
 
-Each rank keeps ``[b_i n_i, b_i, 1, n]`` of its step (``n_i = |g_i|^2`` of its own mean
-gradient, read off the weighted gradients it sends: ``w_i g_i``, or ``b_i g_i`` when the
-count is fused; ``n = |g|^2`` of the exchanged mean) and sends the first three in the *next*
-step's exchange: riding with the sample count where it is fused into the gradients'
-allreduce (``weighting samples``), else in an allreduce of their own before it that waits
-for nothing, only after a measured step (docs/results.md: what each costs); then every rank
-adds that step's ``S`` and ``|G|^2`` to the epoch's sums, in one of :data:`BUCKETS` of
-interleaved steps (:meth:`~hetgrad.gns.EpochNoise.from_buckets`; the same on every rank). A
-rank with no sample sends zeros. The last step of a run is not counted. A measured step
-reads one block of about 1/16 of each large gradient (:class:`Blocks`: unbiased, at a 16th
-of the reads; an embedding's ``IndexedSlices`` is made dense first); with ``every > 1`` only
-every ``every``-th step is measured; with a sparse exchange only its dense warm-up steps
-(``when``), where the exchanged sum is the mean gradient itself. Measured on the dense
-exchange of one backward pass per step without a loss scale; :func:`check_measurable`
-refuses the rest.
+Each rank writes ``[b_i n_i, b_i, held, n]`` of a measured step into a row of a variable
+(``n_i = |g_i|^2`` of its own mean gradient, read off the weighted gradients it sends:
+``w_i g_i``, or ``b_i g_i`` when the count is fused; ``n = |g|^2`` of the exchanged mean,
+the same on every rank; ``held`` 0 on a rank with no sample). Nothing is exchanged during the
+steps: at the epoch's end every rank sums the first three columns over the ranks at once
+(:meth:`GradientNoise.take`) and gets each step's ``S`` and ``|G|^2``
+(:meth:`~hetgrad.gns.EpochNoise.from_rows`, in :data:`BUCKETS` of interleaved steps; before,
+a small allreduce of three numbers per step, docs/results.md). A measured step reads one block of about 1/16
+of each large gradient (:class:`Blocks`: unbiased, at a 16th of the reads; an embedding's
+``IndexedSlices`` is made dense first); with ``every > 1`` only every ``every``-th step is
+measured; with a sparse exchange only its dense warm-up steps (``when``), where the
+exchanged sum is the mean gradient itself. Measured on the dense exchange of one backward
+pass per step without a loss scale; :func:`check_measurable` refuses the rest.
 """
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import tensorflow as tf
 
 from .errors import HetgradError
@@ -105,63 +104,40 @@ def merged(drawn: list[tuple], tensors: list) -> tuple[list, list]:
 
 
 class GradientNoise:
-    """The per-step estimates of ``S`` and ``|G|^2`` summed over an epoch, in variables;
-    with ``precondition`` (:func:`hetgrad.compat.adam_preconditioner`) those of the gradient
-    Adam steps along, ``g / (sqrt(v_hat) + eps)`` (Pollux's preconditioned noise scale: Adam's
-    progress per sample follows it, not the raw gradient's)."""
+    """Each measured step's ``[b_i n_i, b_i, held, n]`` of this rank, one row each in a
+    variable (:meth:`keep`), and the epoch's estimates from them (:meth:`take`, every rank at
+    once: the rows summed over the ranks there, no message of the estimator's during the
+    steps); with ``precondition`` (:func:`hetgrad.compat.adam_preconditioner`) those of the
+    gradient Adam steps along, ``g / (sqrt(v_hat) + eps)`` (Pollux's preconditioned noise
+    scale: Adam's progress per sample follows it, not the raw gradient's)."""
 
     def __init__(self, every: int = 1, name: str = "hetgrad", when=None, precondition=None,
-                 gate=None, blocks: Blocks | None = None):
-        # the epoch's sums of S, |G|^2, its steps counted, and of S^2, |G|^4, S |G|^2, per
-        # bucket of interleaved steps (EpochNoise.from_buckets)
-        self.sums = tf.Variable(tf.zeros([BUCKETS, 6], tf.float64), trainable=False,
-                                name="hetgrad_gns_sums")
-        self.added = tf.Variable(0, dtype=tf.int64, trainable=False, name="hetgrad_gns_added")
-        self.pending = tf.Variable(tf.zeros(4), trainable=False, name="hetgrad_gns_pending")
+                 gate=None, blocks: Blocks | None = None, rows: int = 256):
+        # the epoch's measured steps (a ring: past its rows, the latest; take() then grows it)
+        self.rows = tf.Variable(tf.zeros([rows, 4]), trainable=False, name=f"{name}_gns_rows",
+                                shape=tf.TensorShape([None, 4]))
+        self.written = tf.Variable(0, dtype=tf.int64, trainable=False, name=f"{name}_gns_written")
         self.every, self.name, self.when = every, name, when   # when(): a step to measure?
         self.blocks = blocks or Blocks()
         self.precondition, self.gate = precondition, gate   # gate(): a step to count?
-        self.every_step = every == 1 and when is None   # measured without a conditional
-        self.count = tf.Variable(0, dtype=tf.int64, trainable=False, name="hetgrad_gns_count")
-        self.kept = tf.Variable(False, trainable=False, name="hetgrad_gns_kept")
-
-    def outgoing(self) -> tf.Tensor:
-        """The last step's ``[b_i n_i, b_i, held]``, to be summed over the ranks (zeros if it
-        was not measured)."""
-        return self.pending[:3]
-
-    def received(self, summed: tf.Tensor) -> None:
-        """Their sums over the ranks: the last step's estimates added."""
-        self.add(summed, self.pending[3])
-
-    def send_alone(self) -> None:
-        """Where no sample count rides the exchange (:meth:`outgoing` rides with it): before
-        this step's exchange, the last step's numbers in an allreduce of their own that waits
-        for nothing, if it was measured (every rank knows the same steps measured)."""
-        import horovod.tensorflow as hvd
-
-        def send() -> tf.Tensor:
-            self.received(hvd.allreduce(self.outgoing(), op=hvd.Sum, name=f"{self.name}.gns"))
-            return tf.constant(True)
-        if self.every_step:
-            send()
-        else:
-            tf.cond(self.kept, send, lambda: tf.constant(False))
+        self.count = tf.Variable(0, dtype=tf.int64, trainable=False, name=f"{name}_gns_count")
 
     def keep(self, weighted: list, seeded: tf.Tensor, mean: list, variables=None) -> None:
-        """After this step's exchange: its numbers (``seeded``: the pass's ``[w_i, b_i]``),
-        for the next step to send -- in every ``every``-th step only; ``variables``: the
-        gradients' (to precondition them)."""
-        if self.every_step:
-            self.pending.assign(self._measured(weighted, seeded, mean, variables))
+        """After this step's exchange: its row (``seeded``: the pass's ``[w_i, b_i]``), in
+        every ``every``-th step only; ``variables``: the gradients' (to precondition them)."""
+        def write() -> tf.Tensor:
+            row = self._measured(weighted, seeded, mean, variables)
+            at = self.written % tf.shape(self.rows, out_type=tf.int64)[0]
+            self.rows.scatter_nd_update(tf.reshape(at, [1, 1]), row[None])
+            self.written.assign_add(1)
+            return tf.constant(True)
+        if self.every == 1 and self.when is None:
+            write()
         else:
             due = tf.equal(self.count % self.every, 0)
-            for test in (self.when, self.gate):
-                if test is not None:
-                    due = tf.logical_and(due, test())
-            self.pending.assign(tf.cond(due, lambda: self._measured(
-                weighted, seeded, mean, variables), lambda: tf.zeros(4)))
-            self.kept.assign(due)
+            if self.when is not None:
+                due = tf.logical_and(due, self.when())
+            tf.cond(due, write, lambda: tf.constant(False))
         self.count.assign_add(1)
 
     def _measured(self, weighted: list, seeded: tf.Tensor, mean: list, variables) -> tf.Tensor:
@@ -177,7 +153,7 @@ class GradientNoise:
             mine, exchanged = preconditioned(mine, scales), preconditioned(exchanged, scales)
         values = tf.concat([self.local(mine, seeded[0], seeded[1], counts),
                             tf.reshape(squared_norm(exchanged, counts), [1])], 0)
-        if self.gate is not None and self.every_step:   # held = 0: a step not counted
+        if self.gate is not None:   # held = 0: a step not counted
             values = tf.where(self.gate(), values, tf.zeros_like(values))
         return values
 
@@ -190,27 +166,36 @@ class GradientNoise:
         held = tf.cast(b > 0, tf.float32)
         return tf.stack([bn * held, b, held])
 
-    def add(self, summed: tf.Tensor, n: tf.Tensor) -> None:
-        """A step's estimates from the summed vectors and ``n = |g|^2`` of its exchanged mean
-        gradient; nothing when fewer than two ranks held samples."""
-        sum_bn, total, held = summed[0], summed[1], summed[2]
-        s = tf.math.divide_no_nan(sum_bn - total * n, held - 1.0)
-        g2 = n - tf.math.divide_no_nan(s, total)
-        # squares in float64: a variance is their difference from the squared mean
-        s, g2 = tf.cast(s, tf.float64), tf.cast(g2, tf.float64)
-        step = tf.stack([s, g2, tf.constant(1.0, tf.float64), s * s, g2 * g2, s * g2])
-        bucket = tf.one_hot(self.added % BUCKETS, BUCKETS, dtype=tf.float64)[:, None] * step
-        counted = held >= 2.0   # (a step not counted adds nothing, not even a NaN)
-        self.sums.assign_add(tf.where(counted, bucket, tf.zeros([BUCKETS, 6], tf.float64)))
-        self.added.assign_add(tf.cast(counted, tf.int64))
+    @property
+    def capacity(self) -> int:
+        """Rows the variable holds."""
+        return int(tf.shape(self.rows)[0])
 
-    def take(self) -> EpochNoise:
-        """The epoch's estimates over its measured steps, with their spread
-        (:meth:`~hetgrad.gns.EpochNoise.from_buckets`); the sums restart."""
-        table = self.sums.numpy().tolist()
-        self.sums.assign(tf.zeros([BUCKETS, 6], tf.float64))
-        self.added.assign(0)
-        return EpochNoise.from_buckets(table)
+    def reserve(self, steps: int) -> None:
+        """Room for an epoch of ``steps`` steps (measured or not); the rows written so far
+        are dropped (steps outside the epochs: the probe's)."""
+        if self.capacity < steps:
+            self.rows.assign(tf.zeros([steps, 4]))
+        self.written.assign(0)
+
+    def take_rows(self) -> np.ndarray:
+        """This rank's rows since the last take, oldest first (past the variable's rows, the
+        latest that many; the variable then grows for the next epoch)."""
+        written, rows = int(self.written.numpy()), self.rows.numpy()
+        self.written.assign(0)
+        if written <= len(rows):
+            return rows[:written]
+        self.reserve(written)
+        return np.roll(rows, -(written % len(rows)), axis=0)
+
+    def take(self, sum_over_ranks=None) -> EpochNoise:
+        """The epoch's estimates over its measured steps, with their spread (every rank
+        calls it: ``sum_over_ranks(array)`` sums the ranks' arrays, e.g.
+        :meth:`hetgrad.comm.Comm.allreduce_sum`; ``n`` is the same on every rank)."""
+        rows = self.take_rows().astype(np.float64)
+        if sum_over_ranks is not None:
+            rows[:, :3] = sum_over_ranks(np.ascontiguousarray(rows[:, :3]))
+        return EpochNoise.from_rows(rows, BUCKETS)
 
 
 def check_measurable(optimizer, field: str = "gns", every: int = 1) -> None:

@@ -13,7 +13,8 @@ from .compat import keras
 
 
 class Noise(Action):
-    """Every epoch: the mean ``S`` and ``|G|^2`` of its steps (:mod:`hetgrad.noise`),
+    """Every epoch: the mean ``S`` and ``|G|^2`` of its steps (:mod:`hetgrad.noise`; the
+    ranks' numbers summed here, once),
     ``b_noise`` from them, and ``b_noise_smoothed`` (bias-corrected moving averages,
     :class:`hetgrad.gns.NoiseScale`, ``decay`` per step of the run's first global batch: an
     epoch weighs as many such steps as its measured steps stand for, as Pollux weighs its
@@ -24,12 +25,12 @@ class Noise(Action):
         from .gns import NoiseScale
         self.smooth = NoiseScale(decay=decay)
 
-    def on_epoch_begin(self, job, epoch):
-        job.aggregation.noise.take()    # what steps outside the epochs added (the probe)
+    def on_epoch_begin(self, job, epoch):   # (what steps outside the epochs wrote dropped)
+        job.aggregation.noise.reserve(job.plan.steps_per_epoch)
 
     def on_epoch_end(self, job, epoch, row):
         noise = job.aggregation.noise
-        got = noise.take()
+        got = noise.take(job.comm.allreduce_sum)
         if not got.steps:
             return
         b0 = job.spec.global_batch   # the run's first (a resumed adaptive run's too)
