@@ -193,7 +193,7 @@ class GradientNoise:
         calls it: ``sum_over_ranks(array)`` sums the ranks' arrays, e.g.
         :meth:`hetgrad.comm.Comm.allreduce_sum`; ``n`` is the same on every rank)."""
         rows = self.take_rows().astype(np.float64)
-        if sum_over_ranks is not None:
+        if sum_over_ranks is not None and len(rows):   # (as many on every rank)
             rows[:, :3] = sum_over_ranks(np.ascontiguousarray(rows[:, :3]))
         return EpochNoise.from_rows(rows, BUCKETS)
 

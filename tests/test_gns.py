@@ -240,6 +240,7 @@ def test_the_rows_keep_an_epochs_latest_steps_and_grow_past_them():
     step(tf.constant(3.0))
     step(tf.constant(3.0))   # (not measured)
     np.testing.assert_allclose(noise.take_rows(), [[18.0, 2.0, 1.0, 0.25]])
+    assert noise.take(lambda rows: 1 / 0).steps == 0   # nothing to sum: no collective
 
 
 def test_the_preconditioner_is_adams_step_per_unit_gradient():
