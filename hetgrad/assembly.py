@@ -37,7 +37,8 @@ from .validate import check_resumed
 # What runs around the epochs, in this order at every hook: the emulated speeds and the
 # watchdog first (they pace and guard everything after them); the sparse exchange's
 # statistics (a row says what its epoch ran); rank 0's test score before the balance (whose
-# gather is where the other ranks wait for it); the balance, which may re-plan, before the
+# gather -- or with the noise scale, its sum over the ranks -- is where the other ranks wait
+# for it); the balance, which may re-plan, before the
 # checkpoint (which keeps the plan the next epoch uses); the user's Keras callbacks; the
 # checkpoint, of everything the epoch did; then what only observes: TensorBoard's scalars and
 # the timeline (last: at an epoch's end it sees the re-plan and the checkpoint). The noise

@@ -3,14 +3,14 @@
 Each rank writes ``[b_i n_i, b_i, held, n]`` of a measured step into a row of a variable
 (``n_i = |g_i|^2`` of its own mean gradient, read off the weighted gradients it sends:
 ``w_i g_i``, or ``b_i g_i`` when the count is fused; ``n = |g|^2`` of the exchanged mean,
-the same on every rank; ``held`` 0 on a rank with no sample). Nothing is exchanged during the
-steps: at the epoch's end every rank sums the first three columns over the ranks at once
+the same on every rank; ``held`` 0 on a rank with no sample). Nothing is exchanged during
+the steps: at the epoch's end every rank sums the first three columns over the ranks at once
 (:meth:`GradientNoise.take`) and gets each step's ``S`` and ``|G|^2``
 (:meth:`~hetgrad.gns.EpochNoise.from_rows`, in :data:`BUCKETS` of interleaved steps; before,
-a small allreduce of three numbers per step, docs/results.md). A measured step reads one block of about 1/16
-of each large gradient (:class:`Blocks`: unbiased, at a 16th of the reads; an embedding's
-``IndexedSlices`` is made dense first); with ``every > 1`` only every ``every``-th step is
-measured; with a sparse exchange only its dense warm-up steps (``when``), where the
+a small allreduce of three numbers per step, docs/results.md). A measured step reads one
+block of about 1/16 of each large gradient (:class:`Blocks`: unbiased, at a 16th of the
+reads; an embedding's ``IndexedSlices`` is made dense first); with ``every > 1`` only every
+``every``-th step is measured; with a sparse exchange only its dense warm-up steps (``when``), where the
 exchanged sum is the mean gradient itself. Measured on the dense exchange of one backward
 pass per step without a loss scale; :func:`check_measurable` refuses the rest.
 """
@@ -188,12 +188,12 @@ class GradientNoise:
         self.reserve(written)
         return np.roll(rows, -(written % len(rows)), axis=0)
 
-    def take(self, sum_over_ranks=None) -> EpochNoise:
+    def take(self, sum_over_ranks) -> EpochNoise:
         """The epoch's estimates over its measured steps, with their spread (every rank
         calls it: ``sum_over_ranks(array)`` sums the ranks' arrays, e.g.
         :meth:`hetgrad.comm.Comm.allreduce_sum`; ``n`` is the same on every rank)."""
         rows = self.take_rows().astype(np.float64)
-        if sum_over_ranks is not None and len(rows):   # (as many on every rank)
+        if len(rows):   # (as many on every rank)
             rows[:, :3] = sum_over_ranks(np.ascontiguousarray(rows[:, :3]))
         return EpochNoise.from_rows(rows, BUCKETS)
 

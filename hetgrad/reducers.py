@@ -15,8 +15,8 @@ class Reducer:
     """Sums already weighted gradients over the ranks. Subclasses with per-rank state (e.g.
     sparse residuals) return it from :meth:`state_dict` so checkpoints keep it.
 
-    ``carries_count``: :meth:`reduce_with` sums per-rank numbers (the sample count, and with
-    it the noise scale's, :mod:`hetgrad.noise`) in the same exchange, exactly (uncompressed).
+    ``carries_count``: :meth:`reduce_with` sums per-rank numbers (the sample count) in the
+    same exchange, exactly (uncompressed).
     ``check_local``: the finite check must look at each rank's own gradients before the
     exchange (the default checks the exchanged sum)."""
 

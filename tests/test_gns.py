@@ -203,17 +203,21 @@ def test_the_graph_measures_what_the_estimator_says():
 
 def test_steps_go_round_the_buckets_and_an_uncounted_one_adds_nothing():
     """Counted steps (rows of the ranks' sums) fill the 8 buckets in turn; a step that fewer
-    than two ranks held -- even with a non-finite norm -- adds nothing and takes no turn."""
+    than two ranks held -- even with a non-finite norm -- adds nothing and takes no turn.
+    35 counted steps whose mean |G|^2 is below 0: the medians of the buckets' means decide,
+    so a step in the wrong bucket moves the result."""
     from hetgrad.noise import BUCKETS
     rows, table = [], np.zeros((BUCKETS, 6))
-    for k in range(2 * BUCKETS + 3):
-        rows += [[10.0 + k, 4.0, 2.0, 1.0], [1.0, 4.0, 1.0, float("nan")]]  # 2 ranks, then 1
-        s = 10.0 + k - 4.0
+    for k in range(4 * BUCKETS + 3):
+        sum_bn = 10.0 + k * k % 13   # S = sum_bn - 4, |G|^2 = 1 - S / 4 (held 2, B 4, n 1)
+        rows += [[sum_bn, 4.0, 2.0, 1.0], [1.0, 4.0, 1.0, float("nan")]]  # 2 ranks, then 1
+        s = sum_bn - 4.0
         g2 = 1.0 - s / 4.0
         table[k % BUCKETS] += [s, g2, 1.0, s * s, g2 * g2, s * g2]
     got, want = EpochNoise.from_rows(np.array(rows)), EpochNoise.from_buckets(table.tolist())
-    assert table[:, 2].tolist() == [3.0] * 3 + [2.0] * (BUCKETS - 3)
-    assert got.steps == 2 * BUCKETS + 3 and np.isfinite(got.s)
+    plain = EpochNoise.from_sums(*table.sum(0))
+    assert table[:, 2].tolist() == [5.0] * 3 + [4.0] * (BUCKETS - 3) and plain.g2 < 0
+    assert got.steps == 4 * BUCKETS + 3 and got.s != pytest.approx(plain.s)   # the medians
     assert (got.s, got.g2, got.var_s, got.cov) == pytest.approx(
         (want.s, want.g2, want.var_s, want.cov))
     assert EpochNoise.from_rows(np.zeros((0, 4))).steps == 0
@@ -237,10 +241,15 @@ def test_the_rows_keep_an_epochs_latest_steps_and_grow_past_them():
         step(tf.constant(1.0))
     noise.reserve(8)
     assert noise.capacity == 8 and len(noise.take_rows()) == 0
+    step(tf.constant(5.0))   # (step 13: not measured)
     step(tf.constant(3.0))
-    step(tf.constant(3.0))   # (not measured)
     np.testing.assert_allclose(noise.take_rows(), [[18.0, 2.0, 1.0, 0.25]])
     assert noise.take(lambda rows: 1 / 0).steps == 0   # nothing to sum: no collective
+    gated = GradientNoise(every=2, gate=lambda: tf.constant(False))   # (Adam's first steps)
+    for k in range(3):
+        gated.keep([tf.constant([1.0])], tf.constant([1.0, 2.0]), [tf.constant([0.5])])
+    rows = gated.take_rows()
+    assert len(rows) == 2 and not rows.any()   # written, held by none: counted for nothing
 
 
 def test_the_preconditioner_is_adams_step_per_unit_gradient():
@@ -279,9 +288,11 @@ def test_an_epoch_weighs_the_steps_of_b0_its_samples_make():
     epochs = [(100, EpochNoise(8.0, 2.0, 10)), (200, EpochNoise(30.0, 1.0, 5))]   # B, the epoch
     action, rows = Noise(decay=0.99), []
     for batch, taken in epochs:
-        gauge = SimpleNamespace(take=lambda _sum, taken=taken: taken, every=4,
-                                precondition=None)
-        job = SimpleNamespace(aggregation=SimpleNamespace(noise=gauge), comm=SimpleNamespace(allreduce_sum=None),
+        summed = object()   # what take() must get to sum the ranks' rows
+        gauge = SimpleNamespace(take=lambda got, taken=taken: taken if got is summed else None,
+                                every=4, precondition=None)
+        job = SimpleNamespace(aggregation=SimpleNamespace(noise=gauge),
+                              comm=SimpleNamespace(allreduce_sum=summed),
                               plan=SimpleNamespace(global_batch=batch),
                               spec=SimpleNamespace(global_batch=100))
         rows.append({})
@@ -471,9 +482,9 @@ def test_plan_weights_and_counted_samples_measure_the_same(measured):
     """Every 4th step measured, the same split and trajectory: seeded with plan weights
     ``w_i`` or with the counted samples ``b_i`` (fused into the exchange), the same steps
     and estimates."""
-    alone, riding = measured["every4"], measured["every4-samples"]
-    assert alone["plan"]["batches"] == riding["plan"]["batches"] == [14, 27, 55]
-    for a, b in zip(alone["epochs"], riding["epochs"]):
+    plan, samples = measured["every4"], measured["every4-samples"]
+    assert plan["plan"]["batches"] == samples["plan"]["batches"] == [14, 27, 55]
+    for a, b in zip(plan["epochs"], samples["epochs"]):
         assert a["gns_steps"] == b["gns_steps"] > 0
         assert b["gns_noise"] == pytest.approx(a["gns_noise"], rel=1e-3)
         assert b["gns_signal"] == pytest.approx(a["gns_signal"], rel=1e-3)
