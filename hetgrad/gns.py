@@ -91,7 +91,7 @@ class EpochNoise:
                    wider * whole.cov)
 
     @classmethod
-    def from_rows(cls, rows: np.ndarray, buckets: int = 8) -> "EpochNoise":
+    def from_rows(cls, rows: np.ndarray, buckets: int) -> "EpochNoise":
         """From an epoch's measured steps, one row each: the sums over the ranks of ``b_i
         n_i``, ``b_i``, of the ranks that held samples, and ``n``. A step held by fewer than
         two ranks counts for nothing (its ``n`` may be NaN); the counted ones go round

@@ -214,13 +214,14 @@ def test_steps_go_round_the_buckets_and_an_uncounted_one_adds_nothing():
         s = sum_bn - 4.0
         g2 = 1.0 - s / 4.0
         table[k % BUCKETS] += [s, g2, 1.0, s * s, g2 * g2, s * g2]
-    got, want = EpochNoise.from_rows(np.array(rows)), EpochNoise.from_buckets(table.tolist())
+    got = EpochNoise.from_rows(np.array(rows), BUCKETS)
+    want = EpochNoise.from_buckets(table.tolist())
     plain = EpochNoise.from_sums(*table.sum(0))
     assert table[:, 2].tolist() == [5.0] * 3 + [4.0] * (BUCKETS - 3) and plain.g2 < 0
     assert got.steps == 4 * BUCKETS + 3 and got.s != pytest.approx(plain.s)   # the medians
     assert (got.s, got.g2, got.var_s, got.cov) == pytest.approx(
         (want.s, want.g2, want.var_s, want.cov))
-    assert EpochNoise.from_rows(np.zeros((0, 4))).steps == 0
+    assert EpochNoise.from_rows(np.zeros((0, 4)), BUCKETS).steps == 0
 
 
 def test_the_rows_keep_an_epochs_latest_steps_and_grow_past_them():
@@ -392,7 +393,7 @@ def test_read_in_blocks_the_noise_scale_of_a_large_gradient_stays_within_20_perc
     entries (an uneven spread over the blocks), so ``S`` and ``|G|^2`` are known. Over 300
     steps the means are within 20 % of them, and of the same estimator reading every entry."""
     import tensorflow as tf
-    from hetgrad.noise import Blocks, GradientNoise
+    from hetgrad.noise import BUCKETS, Blocks, GradientNoise
     rng, shape, batches = np.random.default_rng(11), (120, 200), [8.0, 24.0, 64.0]
     var = np.full(shape, 1e-3, np.float32)
     var.flat[:3000] = 1e-2
@@ -410,7 +411,8 @@ def test_read_in_blocks_the_noise_scale_of_a_large_gradient_stays_within_20_perc
                                     mean, None).numpy() for b, g in zip(batches, mine)]
             rows[k].append([*np.sum(sent, 0)[:3], sent[0][3]])   # n: the same on every rank
             noise.count.assign_add(1)
-    taken, whole = (EpochNoise.from_rows(np.array(rows[k])) for k in ("blocks", "whole"))
+    taken, whole = (EpochNoise.from_rows(np.array(rows[k]), BUCKETS)
+                    for k in ("blocks", "whole"))
     (s, g2, steps), (s_all, g2_all) = (taken.s, taken.g2, taken.steps), (whole.s, whole.g2)
     assert steps == 300
     assert s == pytest.approx(true_s, rel=0.2) and g2 == pytest.approx(0.5, rel=0.2)
