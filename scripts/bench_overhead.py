@@ -62,6 +62,9 @@ def build(kind: str, args, plan, hvd, hk, tf):
         if mode.startswith("gns"):   # checked + the noise scale of every (gns) or k-th (gnsK) step
             from hetgrad.noise import check_measurable
             check_measurable(opt, every=int(mode[3:] or 1))
+            if how == ["raw"]:   # the raw gradients' noise scale (Adam's preconditioner off)
+                noise = hk.aggregation_of(opt).noise
+                noise.precondition = noise.gate = None
     model.compile(optimizer=opt, loss=tf.keras.losses.SparseCategoricalCrossentropy(True),
                   steps_per_execution=args.steps_per_execution)
     if kind.startswith("samples"):
@@ -140,9 +143,10 @@ def main() -> None:
     ap.add_argument("--inter-op", type=int,
                     help="TF inter-op threads (default: hetgrad's, max(2, --threads))")
     ap.add_argument("--arms", default=",".join(arms()),
-                    help="comma-separated: horovod, WEIGHT-MODE[-grouped]; MODE: checked "
+                    help="comma-separated: horovod, WEIGHT-MODE[-grouped|-raw]; MODE: checked "
                          "(finite check + timers), bare (neither), finite, timed (one), gns "
-                         "(checked + the noise scale of every step), gnsK (of every K-th)")
+                         "(checked + the noise scale of every step), gnsK (of every K-th); "
+                         "-raw: a gns arm without Adam's preconditioner")
     ap.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd",
                     help="every arm's (with adam, gns arms measure Adam's preconditioned "
                          "noise scale, from its 10th step: warm-up blocks cover them)")
