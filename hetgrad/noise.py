@@ -10,9 +10,10 @@ the steps: at the epoch's end every rank sums the first three columns over the r
 a small allreduce of three numbers per step, docs/results.md). A measured step reads one
 block of about 1/16 of each large gradient (:class:`Blocks`: unbiased, at a 16th of the
 reads; an embedding's ``IndexedSlices`` is made dense first); with ``every > 1`` only every
-``every``-th step is measured; with a sparse exchange only its dense warm-up steps (``when``), where the
-exchanged sum is the mean gradient itself. Measured on the dense exchange of one backward
-pass per step without a loss scale; :func:`check_measurable` refuses the rest.
+``every``-th step is measured; with a sparse exchange only its dense warm-up steps
+(``when``), where the exchanged sum is the mean gradient itself. Measured on the dense
+exchange of one backward pass per step without a loss scale; :func:`check_measurable`
+refuses the rest.
 """
 from __future__ import annotations
 
@@ -112,12 +113,12 @@ class GradientNoise:
     scale: Adam's progress per sample follows it, not the raw gradient's)."""
 
     def __init__(self, every: int = 1, name: str = "hetgrad", when=None, precondition=None,
-                 gate=None, blocks: Blocks | None = None, rows: int = 256):
+                 gate=None, blocks: Blocks | None = None, capacity: int = 256):
         # the epoch's measured steps (a ring: past its rows, the latest; take() then grows it)
-        self.rows = tf.Variable(tf.zeros([rows, 4]), trainable=False, name=f"{name}_gns_rows",
-                                shape=tf.TensorShape([None, 4]))
+        self.rows = tf.Variable(tf.zeros([capacity, 4]), trainable=False,
+                                name=f"{name}_gns_rows", shape=tf.TensorShape([None, 4]))
         self.written = tf.Variable(0, dtype=tf.int64, trainable=False, name=f"{name}_gns_written")
-        self.every, self.name, self.when = every, name, when   # when(): a step to measure?
+        self.every, self.when = every, when   # when(): a step to measure?
         self.blocks = blocks or Blocks()
         self.precondition, self.gate = precondition, gate   # gate(): a step to count?
         self.count = tf.Variable(0, dtype=tf.int64, trainable=False, name=f"{name}_gns_count")

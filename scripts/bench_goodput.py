@@ -145,7 +145,8 @@ def summarize(out: Path, target: float) -> list[dict]:
     adaptive arm's paired ratios to the default and to the best fixed arm."""
     rows = []
     for scenario, by_arm in records(out).items():
-        walls = {"elapsed_s" in r["epochs"][0] for seeds in by_arm.values() for r in seeds.values()}
+        walls = {"elapsed_s" in r["epochs"][0]
+                 for seeds in by_arm.values() for r in seeds.values()}
         if len(walls) > 1:   # wall times against fits' times: no ratio to take
             raise SystemExit(f"bench: {out}: scenario {scenario} mixes records with and without "
                              "elapsed_s (runs before and after wall time was counted); "

@@ -3,7 +3,8 @@
 ``elapsed_s``): per scenario and arm, the first epoch's wall time per seed (less its
 evaluation; the adaptive arm's includes its split), and over the later epochs at the arm's
 most frequent global batch the medians of the wall time per epoch (less evaluation) and of
-the fit's time. Writes JSON and prints a markdown table.
+the fit's time, and per seed the median fit time of its later epochs (whatever the batch: a
+drift of the machine between seeds shows there). Writes JSON and prints a markdown table.
 
     .venv/bin/python scripts/goodput_epochs.py results/goodput/twelfth --out results/goodput/twelfth/epochs.json
 """
@@ -30,7 +31,10 @@ def of_arm(seeds: dict) -> dict:
             "batch": usual, "epochs": len(at),
             "wall_per_epoch_s": statistics.median(
                 row["elapsed_s"] - prev["elapsed_s"] - evaluation_s(row) for row, prev in at),
-            "fit_per_epoch_s": statistics.median(row["time_s"] for row, _ in at)}
+            "fit_per_epoch_s": statistics.median(row["time_s"] for row, _ in at),
+            "fit_per_epoch_s_by_seed": {
+                seed: statistics.median(r["time_s"] for r in rec["epochs"][1:])
+                for seed, rec in sorted(seeds.items())}}
 
 
 def main() -> None:

@@ -230,7 +230,7 @@ def test_the_rows_keep_an_epochs_latest_steps_and_grow_past_them():
     drops what was written (the probe's steps) and makes room."""
     import tensorflow as tf
     from hetgrad.noise import GradientNoise
-    noise = GradientNoise(every=2, rows=3)
+    noise = GradientNoise(every=2, capacity=3)
     step = tf.function(lambda k: noise.keep([tf.reshape(k, [1])], tf.constant([1.0, 2.0]),
                                             [tf.constant([0.5])]))
     for k in range(1, 10):
