@@ -13,9 +13,9 @@ from . import compat
 from .actions import Action
 from .compat import keras
 from .errors import ConfigError
-from .goodput import (BatchChooser, aligned, candidates, full_tail, lr_factor, split_step,
-                      thin)
-from .partition import Plan, make_plan
+from .goodput import (BatchChoice, BatchChooser, aligned, candidates, full_tail, lr_factor,
+                      split_step, thin)
+from .partition import Plan, make_plan, plan_batches
 from ._keras.optimizer import set_plan
 
 
@@ -48,11 +48,15 @@ class _ScaledRate(keras.callbacks.Callback):
 
 class AdaptiveBatch(Action):
     """Choose each epoch's global batch by goodput (needs the noise scale measured); the
-    factor on the learning rate is kept in the checkpoint's state (``adaptive``)."""
+    factor on the learning rate is kept in the checkpoint's state (``adaptive``). After the
+    first choice the noise scale is measured every ``then_every``-th step (None: as set):
+    the first one goes by the first few dozen steps, every one of them measured; later
+    epochs are longer and the estimate smoothed over them."""
 
     def __init__(self, chooser: BatchChooser, rebalancer, lr_rule: str, verbose: int,
-                 saved: dict | None = None):
+                 saved: dict | None = None, then_every: int | None = None):
         self.chooser, self.rebalancer, self.verbose = chooser, rebalancer, verbose
+        self.then_every = then_every
         self.lr_rule = lr_rule   # one of goodput.LR_RULES
         self.factor = float((saved or {}).get("lr_factor", 1.0))
         self.last_lr = None
@@ -70,10 +74,16 @@ class AdaptiveBatch(Action):
     def on_epoch_begin(self, job, epoch):
         self._keep(job)   # in every checkpoint, also those before the first decision
         progress = job.progress
-        if epoch == 0 and not progress.first_step and self.rebalancer.in_seconds():
+        if epoch or progress.first_step:   # after the first choice (or resumed: no split)
+            self._measure_less(job)
+        elif self.rebalancer.in_seconds():
             b0, lo, hi = self.chooser.b0, self.chooser.lo, self.chooser.hi
             grid = [b for b in candidates(lo, hi, b0) if b <= b0 * self.chooser.reach]
             progress.split_at = split_step(job.plan.steps_per_epoch, b0, grid)
+
+    def _measure_less(self, job) -> None:
+        if self.then_every is not None:
+            job.aggregation.noise.every.assign(self.then_every)
 
     def _keep(self, job) -> None:
         job.checkpointer.state["adaptive"] = {"lr_factor": self.factor, "b0": self.chooser.b0}
@@ -90,11 +100,12 @@ class AdaptiveBatch(Action):
             #          a first epoch (tracing) and no step models in seconds to go by
         models = [m.model() for m in self.rebalancer.online]
         c, samples = self.chooser, plan.dataset_size - plan.dropped
+        step_s = self._step_time(models, plan, balance, row)
         grid = sorted({b if self.rebalancer.drop_remainder   # (dropped: no step of a few)
                        else full_tail(b, samples, c.lo)      # no last step of a few samples
                        for b in candidates(c.lo, c.hi, plan.global_batch)})
-        choice = c.choose(plan.global_batch, b_noise,
-                          self._step_time(models, plan, balance, row), interval, grid=grid)
+        choice = (c.choose(plan.global_batch, b_noise, step_s, interval, grid=grid)
+                  if job.rank == 0 else None)
         self._apply(job, choice, models, row, f"epoch {epoch + 1}")
 
     def on_split(self, job, epoch, row):
@@ -114,15 +125,20 @@ class AdaptiveBatch(Action):
                 if b == plan.global_batch or drop or not thin(b, samples)]
         choice = self.chooser.choose(
             plan.global_batch, b_noise,
-            lambda b: _step_s(models, b, plan, self.rebalancer, exchange_s), interval, grid=grid)
-        if self._apply(job, choice, models, row, f"step {k} of epoch 1", inside=True):
+            lambda b: _step_s(models, b, plan, self.rebalancer, exchange_s), interval,
+            grid=grid) if job.rank == 0 else None
+        choice = self._apply(job, choice, models, row, f"step {k} of epoch 1", inside=True)
+        self._measure_less(job)
+        if choice.changed:
             job.progress.continue_step = k * plan.global_batch // choice.batch
 
-    def _apply(self, job, choice, models, row: dict, when: str, inside: bool = False) -> bool:
-        """Rank 0's choice for all (the measured step times are each rank's own clock):
-        into the row, the rate's factor, a re-plan if the batch changed (returned), said on
-        a line of its own (``inside`` an epoch, Keras' bar, ``verbose`` 1, is mid-line)."""
-        choice = job.comm.bcast(choice if job.rank == 0 else None, root=0)
+    def _apply(self, job, choice, models, row: dict, when: str,
+               inside: bool = False) -> BatchChoice:
+        """Rank 0's choice (None elsewhere: weighing the candidates is rank 0's work alone,
+        and the measured step times are each rank's own clock) for all: into the row, the
+        rate's factor, a re-plan if the batch changed, said on a line of its own (``inside``
+        an epoch, Keras' bar, ``verbose`` 1, is mid-line); the choice, as every rank has it."""
+        choice = job.comm.bcast(choice, root=0)
         row.update(batch_next=choice.batch, efficiency=choice.efficiency,
                    goodput_predicted=choice.goodput, batch_changed=choice.changed)
         self.factor = lr_factor(choice.batch, choice.b_noise, self.chooser.b0,
@@ -140,7 +156,7 @@ class AdaptiveBatch(Action):
                       f"learning rate x{self.factor:.3g}, batches {new.batches}", flush=True)
             job.progress.plan = new
             set_plan(job.optimizer, new)
-        return choice.changed
+        return choice
 
     def _step_time(self, models, plan: Plan, balance, row: dict):
         """Seconds per step at a global batch: as measured, at a batch this run has trained
@@ -204,8 +220,10 @@ def _step_s(models, batch: int, plan: Plan, rebalancer, exchange_s: float) -> fl
     """Predicted seconds per step at global batch ``batch``: the slowest rank's of its
     equal-time plan, plus the exchange; None where no plan fits (caps, data size)."""
     try:
-        candidate = _replanned(models, batch, plan, rebalancer)
+        _, batches, _ = plan_batches(models, batch, plan.dataset_size,
+                                     min_batch=rebalancer.min_batch,
+                                     max_batch=rebalancer.max_batch)
     except ConfigError:
         return None
-    return max(m.time(b) for m, b in zip(models, candidate.batches)) + exchange_s
+    return max(m.time(b) for m, b in zip(models, batches)) + exchange_s
 

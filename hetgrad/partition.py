@@ -141,6 +141,16 @@ def make_plan(speeds: Sequence[float | StepModel], global_batch: int, dataset_si
     reported in ``Plan.dropped``. The plan records predicted step times (seconds) only when every
     entry is a model or probe result: numbers are taken as relative speeds.
     """
+    models, batches, timed = plan_batches(speeds, global_batch, dataset_size,
+                                          min_batch=min_batch, max_batch=max_batch)
+    return _plan_of(models, batches, int(dataset_size), timed=timed, drop=drop_remainder)
+
+
+def plan_batches(speeds: Sequence[float | StepModel], global_batch: int, dataset_size: int, *,
+                 min_batch: int = 1, max_batch: Sequence[int] | int | None = None
+                 ) -> tuple[list[StepModel], list[int], bool]:
+    """:func:`make_plan`'s per-rank batches without the shards (e.g. to predict a step time),
+    with the models and whether they are of seconds; the same one-line errors."""
     models, timed = _models(speeds)
     p = len(models)
     if int(global_batch) != global_batch or global_batch <= 0:
@@ -156,8 +166,8 @@ def make_plan(speeds: Sequence[float | StepModel], global_batch: int, dataset_si
     if dataset_size < global_batch:
         raise ConfigError(f"dataset has {dataset_size} samples, fewer than the global batch "
                           f"{global_batch}", field="global_batch")
-    batches = _equal_time_or_proportional(models, int(global_batch), [min_batch] * p, caps)
-    return _plan_of(models, batches, int(dataset_size), timed=timed, drop=drop_remainder)
+    return models, _equal_time_or_proportional(models, int(global_batch), [min_batch] * p,
+                                               caps), timed
 
 
 MIN_GAIN = 0.03  # smallest predicted step-time gain worth a split away from the throughputs

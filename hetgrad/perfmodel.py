@@ -202,11 +202,18 @@ def _batch_at(model: StepModel, level: float) -> float:
 BATCH_CEILING = 1e9   # no rank's batch is larger: where a model never reaches a level
 
 
-def _water_level(models, total, lo, hi) -> float:
-    """The common step time T at which the clamped batches ``b_i(T)`` sum to ``total``."""
+def _water_level(models, total, lo, hi, close: float = 1e-4) -> float:
+    """The common step time T at which the clamped batches ``b_i(T)`` sum to ``total``
+    (bisection, until the batches at both ends sum to within ``close`` of each other)."""
+    def batches_at(level: float) -> float:
+        return sum(min(max(l, _batch_at(m, level)), h) for m, l, h in zip(models, lo, hi))
     low, high = 0.0, max(m.time(h) for m, h in zip(models, hi))
+    at_low, at_high = batches_at(low), batches_at(high)
     for _ in range(80):
+        if at_high - at_low < close:
+            break
         mid = (low + high) / 2
-        got = sum(min(max(l, _batch_at(m, mid)), h) for m, l, h in zip(models, lo, hi))
-        low, high = (mid, high) if got < total else (low, mid)
+        got = batches_at(mid)
+        low, high, at_low, at_high = ((mid, high, got, at_high) if got < total
+                                      else (low, mid, at_low, got))
     return low
