@@ -26,7 +26,7 @@ from .goodput import BatchChooser
 from .partition import Plan, make_plan
 from .perfmodel import probe_batches
 from .probe import ProbeResult
-from .noise import check_measurable
+from .noise import EVERY as GNS_EVERY, check_measurable
 from .observe import Noise, Scalars, Timeline
 from .rebalance import Rebalancer
 from .run import Progress, Run, RunSpec
@@ -63,7 +63,7 @@ def assemble(spec: RunSpec) -> Run:
     _check_adaptive(spec, optimizer, comm.size)
     if spec.gns or spec.adaptive_batch:
         check_measurable(optimizer, "adaptive_batch" if spec.adaptive_batch else "gns",
-                         spec.gns_every or (1 if spec.adaptive_batch else 4))
+                         spec.gns_every or (1 if spec.adaptive_batch else GNS_EVERY))
     checkpointer = Checkpointer(spec.checkpoint_dir, spec.model, optimizer, comm.rank,
                                 every=spec.checkpoint_every,
                                 state={"probe": [asdict(p) for p in probed],
@@ -230,7 +230,8 @@ def _actions(spec: RunSpec, comm, probed: list[ProbeResult], checkpointer,
         Noise: Noise() if spec.gns or spec.adaptive_batch else None,
         AdaptiveBatch: AdaptiveBatch(BatchChooser(*spec.adaptive_batch, spec.global_batch),
                                      rebalancer, spec.lr_rule, spec.verbose,
-                                     (state or {}).get("adaptive"))
+                                     (state or {}).get("adaptive"),
+                                     then_every=None if spec.gns_every else GNS_EVERY)
         if spec.adaptive_batch else None,
         Scalars: Scalars(spec.tensorboard, rebalancer) if spec.tensorboard else None,
         Timeline: Timeline(spec.timeline, Sampler(spec.timeline_steps, spec.timeline_window),

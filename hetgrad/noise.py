@@ -10,10 +10,10 @@ the steps: at the epoch's end every rank sums the first three columns over the r
 a small allreduce of three numbers per step, docs/results.md). A measured step reads one
 block of about 1/16 of each large gradient (:class:`Blocks`: unbiased, at a 16th of the
 reads; an embedding's ``IndexedSlices`` is made dense first); with ``every > 1`` only every
-``every``-th step is measured; with a sparse exchange only its dense warm-up steps
-(``when``), where the exchanged sum is the mean gradient itself. Measured on the dense
-exchange of one backward pass per step without a loss scale; :func:`check_measurable`
-refuses the rest.
+``every``-th step is measured (a variable: it may change between epochs); with a sparse
+exchange only its dense warm-up steps (``when``), where the exchanged sum is the mean
+gradient itself. Measured on the dense exchange of one backward pass per step without a
+loss scale; :func:`check_measurable` refuses the rest.
 """
 from __future__ import annotations
 
@@ -55,6 +55,8 @@ READ_WHOLE = 16384  # a gradient of up to this many entries is read whole in a m
 BLOCKS = 16         # a larger one: one block of 1/BLOCKS of its entries
 
 
+EVERY = 4           # a run measures every 4th step unless told (its cost within the noise of
+#                     the step time, docs/results.md; the adaptive batch's first choice: every)
 BUCKETS = 8         # of interleaved measured steps (a median of means where the mean fails)
 
 
@@ -118,7 +120,11 @@ class GradientNoise:
         self.rows = tf.Variable(tf.zeros([capacity, 4]), trainable=False,
                                 name=f"{name}_gns_rows", shape=tf.TensorShape([None, 4]))
         self.written = tf.Variable(0, dtype=tf.int64, trainable=False, name=f"{name}_gns_written")
-        self.every, self.when = every, when   # when(): a step to measure?
+        # measure every every-th step (a variable: the adaptive batch measures less after its
+        # first choice, hetgrad.adapt); when(): a step to measure?
+        self.every = tf.Variable(every, dtype=tf.int64, trainable=False,
+                                 name=f"{name}_gns_every")
+        self.when = when
         self.blocks = blocks or Blocks()
         self.precondition, self.gate = precondition, gate   # gate(): a step to count?
         self.count = tf.Variable(0, dtype=tf.int64, trainable=False, name=f"{name}_gns_count")
@@ -132,13 +138,10 @@ class GradientNoise:
             self.rows.scatter_nd_update(tf.reshape(at, [1, 1]), row[None])
             self.written.assign_add(1)
             return tf.constant(True)
-        if self.every == 1 and self.when is None:
-            write()
-        else:
-            due = tf.equal(self.count % self.every, 0)
-            if self.when is not None:
-                due = tf.logical_and(due, self.when())
-            tf.cond(due, write, lambda: tf.constant(False))
+        due = tf.equal(self.count % self.every, 0)
+        if self.when is not None:
+            due = tf.logical_and(due, self.when())
+        tf.cond(due, write, lambda: tf.constant(False))
         self.count.assign_add(1)
 
     def _measured(self, weighted: list, seeded: tf.Tensor, mean: list, variables) -> tf.Tensor:

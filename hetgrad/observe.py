@@ -34,7 +34,8 @@ class Noise(Action):
         if not got.steps:
             return
         b0 = job.spec.global_batch   # the run's first (a resumed adaptive run's too)
-        self.smooth.add(got.s, got.g2, weight=got.steps * noise.every * job.plan.global_batch / b0,
+        every = int(noise.every)   # (the adaptive batch changes it only after a take)
+        self.smooth.add(got.s, got.g2, weight=got.steps * every * job.plan.global_batch / b0,
                         spread=(got.var_s, got.var_g2, got.cov))
         interval = self.smooth.interval()
         row.update(gns_noise=got.s, gns_signal=got.g2, gns_steps=got.steps,

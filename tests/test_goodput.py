@@ -264,6 +264,24 @@ def test_the_users_rate_is_back_when_an_epoch_raises():
     assert compat.learning_rate(optimizer) == pytest.approx(0.1)
 
 
+def test_after_the_first_choice_a_step_in_four_is_measured_unless_the_user_said():
+    """Resumed after the first epoch (no split then), the adaptive batch measures every 4th
+    step; with the user's own ``gns_every`` it leaves the rate as set."""
+    from types import SimpleNamespace
+
+    import tensorflow as tf
+    from hetgrad.adapt import AdaptiveBatch
+    for then, want in ((4, 4), (None, 1)):
+        noise = SimpleNamespace(every=tf.Variable(1, dtype=tf.int64))
+        job = SimpleNamespace(aggregation=SimpleNamespace(noise=noise),
+                              checkpointer=SimpleNamespace(state={}),
+                              progress=SimpleNamespace(first_step=0))
+        action = AdaptiveBatch(BatchChooser(10, 40, 10), rebalancer=None, lr_rule="gain",
+                               verbose=False, then_every=then)
+        action.on_epoch_begin(job, 1)
+        assert int(noise.every) == want
+
+
 def test_one_rank_is_refused_before_tensorflow():
     from hetgrad.config import TrainConfig
     from hetgrad.validate import check_flags
@@ -350,7 +368,8 @@ def test_the_first_choice_comes_early_in_a_long_enough_first_epoch():
 
 def test_hetgrad_train_chooses_inside_its_first_epoch(world3, tmp_path):
     """The first epoch (90 steps at B_0 = 16) stops after k steps, chooses, and goes on
-    with the rest of its samples at the new batch: one row, every sample once."""
+    with the rest of its samples at the new batch: one row, every sample once. Its first k
+    steps are measured, each; after the choice every 4th."""
     rec = world3.run("training:train", data="digits", global_batch=16, adaptive_batch=True,
                      batch_range=[16, 256], lr=0.05, quiet=True, probe_steps=2, epochs=2,
                      out=str(tmp_path / "r.json")).root
@@ -363,6 +382,8 @@ def test_hetgrad_train_chooses_inside_its_first_epoch(world3, tmp_path):
     assert row["time_s"] > part["time_s"] and "test_accuracy" in row
     n = rec["plan"]["dataset_size"]
     assert part["gns_steps"] == k                       # the first fit's steps, each once
-    assert row["gns_steps"] == math.ceil((n - k * 16) / b), (n, k, b)  # the rest, each once
+    rest, later = math.ceil((n - k * 16) / b), math.ceil(n / b)   # steps after the choice
+    assert rest // 4 <= row["gns_steps"] <= -(-rest // 4), (n, k, b)   # every 4th
+    assert later // 4 <= rows[1]["gns_steps"] <= -(-later // 4)
     assert row["lr_factor"] > 1 and rows[1]["lr_factor"] == pytest.approx(row["lr_factor"])
 
