@@ -15,6 +15,7 @@ from .compat import keras
 from .errors import ConfigError
 from .goodput import (BatchChoice, BatchChooser, aligned, candidates, full_tail, lr_factor,
                       split_step, thin)
+from .noise import every_for
 from .partition import Plan, make_plan, plan_batches
 from ._keras.optimizer import set_plan
 
@@ -48,10 +49,11 @@ class _ScaledRate(keras.callbacks.Callback):
 
 class AdaptiveBatch(Action):
     """Choose each epoch's global batch by goodput (needs the noise scale measured); the
-    factor on the learning rate is kept in the checkpoint's state (``adaptive``). After the
-    first choice the noise scale is measured every ``then_every``-th step (None: as set):
-    the first one goes by the first few dozen steps, every one of them measured; later
-    epochs are longer and the estimate smoothed over them."""
+    factor on the learning rate, and whether the first choice was made, are kept in the
+    checkpoint's state (``adaptive``). From the fit after the first choice the noise scale is
+    measured in one step of up to ``then_every`` (:func:`~hetgrad.noise.every_for`; None: as
+    the user set it): the first choice goes by the first few dozen steps, every one of them
+    measured; later ones by whole epochs, the estimate smoothed over them."""
 
     def __init__(self, chooser: BatchChooser, rebalancer, lr_rule: str, verbose: int,
                  saved: dict | None = None, then_every: int | None = None):
@@ -59,6 +61,7 @@ class AdaptiveBatch(Action):
         self.then_every = then_every
         self.lr_rule = lr_rule   # one of goodput.LR_RULES
         self.factor = float((saved or {}).get("lr_factor", 1.0))
+        self.chosen = bool((saved or {}).get("chosen", False))
         self.last_lr = None
         self.measured: dict[int, float] = {}   # global batch -> seconds per step
         self.rate: _ScaledRate | None = None
@@ -74,19 +77,17 @@ class AdaptiveBatch(Action):
     def on_epoch_begin(self, job, epoch):
         self._keep(job)   # in every checkpoint, also those before the first decision
         progress = job.progress
-        if epoch or progress.first_step:   # after the first choice (or resumed: no split)
-            self._measure_less(job)
-        elif self.rebalancer.in_seconds():
+        if self.chosen and self.then_every is not None:   # (the rate of this fit's steps)
+            job.aggregation.noise.every.assign(every_for(job.plan.steps_per_epoch,
+                                                         self.then_every))
+        if epoch == 0 and not progress.first_step and self.rebalancer.in_seconds():
             b0, lo, hi = self.chooser.b0, self.chooser.lo, self.chooser.hi
             grid = [b for b in candidates(lo, hi, b0) if b <= b0 * self.chooser.reach]
             progress.split_at = split_step(job.plan.steps_per_epoch, b0, grid)
 
-    def _measure_less(self, job) -> None:
-        if self.then_every is not None:
-            job.aggregation.noise.every.assign(self.then_every)
-
     def _keep(self, job) -> None:
-        job.checkpointer.state["adaptive"] = {"lr_factor": self.factor, "b0": self.chooser.b0}
+        job.checkpointer.state["adaptive"] = {"lr_factor": self.factor, "b0": self.chooser.b0,
+                                              "chosen": self.chosen}
 
     def on_epoch_end(self, job, epoch, row):
         plan = job.plan
@@ -101,11 +102,12 @@ class AdaptiveBatch(Action):
         models = [m.model() for m in self.rebalancer.online]
         c, samples = self.chooser, plan.dataset_size - plan.dropped
         step_s = self._step_time(models, plan, balance, row)
-        grid = sorted({b if self.rebalancer.drop_remainder   # (dropped: no step of a few)
-                       else full_tail(b, samples, c.lo)      # no last step of a few samples
-                       for b in candidates(c.lo, c.hi, plan.global_batch)})
-        choice = (c.choose(plan.global_batch, b_noise, step_s, interval, grid=grid)
-                  if job.rank == 0 else None)
+        choice = None
+        if job.rank == 0:
+            grid = sorted({b if self.rebalancer.drop_remainder   # (dropped: no step of a few)
+                           else full_tail(b, samples, c.lo)      # no last step of a few
+                           for b in candidates(c.lo, c.hi, plan.global_batch)})
+            choice = c.choose(plan.global_batch, b_noise, step_s, interval, grid=grid)
         self._apply(job, choice, models, row, f"epoch {epoch + 1}")
 
     def on_split(self, job, epoch, row):
@@ -119,16 +121,17 @@ class AdaptiveBatch(Action):
             return
         models = [m.model() for m in self.rebalancer.online]
         exchange_s = min(job.comm.allgather(float(row.get("wait_s", 0.0)))) / k
-        samples, drop = plan.dataset_size - plan.dropped, self.rebalancer.drop_remainder
-        grid = [b for b in aligned(k * plan.global_batch, candidates(   # the batch stays:
-                    self.chooser.lo, self.chooser.hi, plan.global_batch))  # no thin last step
-                if b == plan.global_batch or drop or not thin(b, samples)]
-        choice = self.chooser.choose(
-            plan.global_batch, b_noise,
-            lambda b: _step_s(models, b, plan, self.rebalancer, exchange_s), interval,
-            grid=grid) if job.rank == 0 else None
+        choice = None
+        if job.rank == 0:
+            samples, drop = plan.dataset_size - plan.dropped, self.rebalancer.drop_remainder
+            grid = [b for b in aligned(k * plan.global_batch, candidates(   # the batch stays:
+                        self.chooser.lo, self.chooser.hi, plan.global_batch))  # no thin tail
+                    if b == plan.global_batch or drop or not thin(b, samples)]
+            choice = self.chooser.choose(
+                plan.global_batch, b_noise,
+                lambda b: _step_s(models, b, plan, self.rebalancer, exchange_s), interval,
+                grid=grid)
         choice = self._apply(job, choice, models, row, f"step {k} of epoch 1", inside=True)
-        self._measure_less(job)
         if choice.changed:
             job.progress.continue_step = k * plan.global_batch // choice.batch
 
@@ -139,6 +142,7 @@ class AdaptiveBatch(Action):
         rate's factor, a re-plan if the batch changed, said on a line of its own (``inside``
         an epoch, Keras' bar, ``verbose`` 1, is mid-line); the choice, as every rank has it."""
         choice = job.comm.bcast(choice, root=0)
+        self.chosen = True
         row.update(batch_next=choice.batch, efficiency=choice.efficiency,
                    goodput_predicted=choice.goodput, batch_changed=choice.changed)
         self.factor = lr_factor(choice.batch, choice.b_noise, self.chooser.b0,
@@ -217,8 +221,9 @@ def _replanned(models, batch: int, plan: Plan, rebalancer) -> Plan:
 
 
 def _step_s(models, batch: int, plan: Plan, rebalancer, exchange_s: float) -> float | None:
-    """Predicted seconds per step at global batch ``batch``: the slowest rank's of its
-    equal-time plan, plus the exchange; None where no plan fits (caps, data size)."""
+    """Predicted seconds per step at global batch ``batch``: the slowest rank's of the
+    equal-time split :func:`_replanned` would give (without its shards), plus the exchange;
+    None where no split fits (caps, data size)."""
     try:
         _, batches, _ = plan_batches(models, batch, plan.dataset_size,
                                      min_batch=rebalancer.min_batch,

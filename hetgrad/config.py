@@ -161,7 +161,7 @@ class TrainConfig:
                                    "of sampled steps here (Chrome trace JSON)")
     gns: bool = setting(False, "record the gradient noise scale B_noise each epoch")
     gns_every: int | None = setting(None, "measure every N-th step (4; adaptive: every step "
-                                    "until its first choice, then 4)", check=at_least(1))
+                                    "until its first choice, then up to 4)", check=at_least(1))
     adaptive_batch: bool = setting(False, "choose each epoch's global batch by goodput (from "
                                    "B_noise and the step models), scaling the learning rate")
     batch_range: list[int] | None = setting(None, "LO,HI of the adaptive batch (B..16 B)", parse=ints)

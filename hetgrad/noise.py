@@ -53,10 +53,9 @@ def preconditioned(grads: list, scales: list) -> list:
 ALIGN = 16          # entries: a block begins on 64 bytes (TensorFlow can slice it in place)
 READ_WHOLE = 16384  # a gradient of up to this many entries is read whole in a measured step
 BLOCKS = 16         # a larger one: one block of 1/BLOCKS of its entries
-
-
 EVERY = 4           # a run measures every 4th step unless told (its cost within the noise of
 #                     the step time, docs/results.md; the adaptive batch's first choice: every)
+MEASURED = 64       # an adaptive batch's epoch measures at least this many steps (every_for)
 BUCKETS = 8         # of interleaved measured steps (a median of means where the mean fails)
 
 
@@ -106,6 +105,14 @@ def merged(drawn: list[tuple], tensors: list) -> tuple[list, list]:
     return [t for t, _ in parts], [count for _, count in parts]
 
 
+def every_for(steps: int, most: int = EVERY, least: int = MEASURED) -> int:
+    """Measure one step in this many of an epoch of ``steps``: ``most``, fewer between where
+    that would leave under ``least`` measured (a step of 2 ranks is one degree of freedom;
+    every 4th of epochs of 40-70 steps made the goodput runs' noise scale jump 100-fold
+    between epochs, docs/results.md)."""
+    return max(1, min(most, steps // least))
+
+
 class GradientNoise:
     """Each measured step's ``[b_i n_i, b_i, held, n]`` of this rank, one row each in a
     variable (:meth:`keep`), and the epoch's estimates from them (:meth:`take`, every rank at
@@ -120,8 +127,8 @@ class GradientNoise:
         self.rows = tf.Variable(tf.zeros([capacity, 4]), trainable=False,
                                 name=f"{name}_gns_rows", shape=tf.TensorShape([None, 4]))
         self.written = tf.Variable(0, dtype=tf.int64, trainable=False, name=f"{name}_gns_written")
-        # measure every every-th step (a variable: the adaptive batch measures less after its
-        # first choice, hetgrad.adapt); when(): a step to measure?
+        # steps measured: one in `every` (a variable: the adaptive batch measures fewer after
+        # its first choice, hetgrad.adapt) and of those the ones when() allows
         self.every = tf.Variable(every, dtype=tf.int64, trainable=False,
                                  name=f"{name}_gns_every")
         self.when = when

@@ -34,11 +34,11 @@ class Noise(Action):
         if not got.steps:
             return
         b0 = job.spec.global_batch   # the run's first (a resumed adaptive run's too)
-        every = int(noise.every)   # (the adaptive batch changes it only after a take)
+        every = int(noise.every)   # this fit's steps' (changed at a fit's begin only)
         self.smooth.add(got.s, got.g2, weight=got.steps * every * job.plan.global_batch / b0,
                         spread=(got.var_s, got.var_g2, got.cov))
         interval = self.smooth.interval()
-        row.update(gns_noise=got.s, gns_signal=got.g2, gns_steps=got.steps,
+        row.update(gns_noise=got.s, gns_signal=got.g2, gns_steps=got.steps, gns_every=every,
                    b_noise=got.s / got.g2 if got.g2 > 0 else None,
                    b_noise_smoothed=self.smooth.b_noise,
                    b_noise_interval=None if interval is None else [   # high None: unbounded

@@ -150,7 +150,7 @@ def plan_batches(speeds: Sequence[float | StepModel], global_batch: int, dataset
                  min_batch: int = 1, max_batch: Sequence[int] | int | None = None
                  ) -> tuple[list[StepModel], list[int], bool]:
     """:func:`make_plan`'s per-rank batches without the shards (e.g. to predict a step time),
-    with the models and whether they are of seconds; the same one-line errors."""
+    with the models and whether they are of seconds; its one-line errors of bad input."""
     models, timed = _models(speeds)
     p = len(models)
     if int(global_batch) != global_batch or global_batch <= 0:
@@ -166,8 +166,8 @@ def plan_batches(speeds: Sequence[float | StepModel], global_batch: int, dataset
     if dataset_size < global_batch:
         raise ConfigError(f"dataset has {dataset_size} samples, fewer than the global batch "
                           f"{global_batch}", field="global_batch")
-    return models, _equal_time_or_proportional(models, int(global_batch), [min_batch] * p,
-                                               caps), timed
+    batches = _equal_time_or_proportional(models, int(global_batch), [min_batch] * p, caps)
+    return models, batches, timed
 
 
 MIN_GAIN = 0.03  # smallest predicted step-time gain worth a split away from the throughputs

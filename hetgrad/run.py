@@ -72,7 +72,7 @@ class RunSpec:
     timeline_steps: int = 100                  # every step of the first ones, then
     timeline_window: int = 10                  # a window of steps per epoch
     gns: bool = False                          # measure the gradient noise scale
-    gns_every: int | None = None               # in every N-th step (4; adaptive: 1, then 4)
+    gns_every: int | None = None               # in every N-th step (4; adaptive: 1, then <= 4)
     adaptive_batch: tuple[int, int] | None = None   # choose the global batch in this range
     lr_rule: str | None = None                 # how the rate follows it (goodput.LR_RULES;
                                                # given with adaptive_batch)

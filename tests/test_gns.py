@@ -306,6 +306,59 @@ def test_an_epoch_weighs_the_steps_of_b0_its_samples_make():
     assert rows[1]["b_noise"] == pytest.approx(30.0) and not rows[1]["gns_preconditioned"]
 
 
+def test_the_rate_of_measured_steps_changes_without_a_new_trace():
+    """``every`` is a variable: set between calls of a traced step, it changes which steps
+    write a row (one in 1, then one in 3 counted on from where the count stands)."""
+    import tensorflow as tf
+    from hetgrad.noise import GradientNoise
+    noise = GradientNoise(every=1)
+
+    @tf.function
+    def step():
+        noise.keep([tf.constant([1.0])], tf.constant([1.0, 2.0]), [tf.constant([0.5])])
+    for _ in range(4):
+        step()
+    noise.every.assign(3)
+    for _ in range(6):   # counts 4..9: 6 and 9 measured
+        step()
+    assert len(noise.take_rows()) == 4 + 2
+    assert step.experimental_get_tracing_count() == 1
+
+
+@pytest.mark.parametrize("steps,every", [(1000, 4), (256, 4), (255, 3), (128, 2), (127, 1),
+                                         (50, 1)])
+def test_an_adaptive_epoch_measures_64_steps_or_every_one(steps, every):
+    from hetgrad.noise import every_for
+    assert every_for(steps) == every and every_for(steps, most=2) == min(every, 2)
+
+
+def test_an_epoch_after_the_split_weighs_the_steps_its_rate_stands_for():
+    """The split's part measured every step, the epoch's rest every 4th (the adaptive batch
+    changed the rate at the rest's begin): each weighs its own measured steps times its own
+    rate, and the row says the rate."""
+    from types import SimpleNamespace
+
+    import tensorflow as tf
+    from hetgrad.observe import Noise
+    every, summed = tf.Variable(1, dtype=tf.int64), object()
+    action, rows = Noise(decay=0.99), [{}, {}]
+    for rate, batch, taken, row in ((1, 100, EpochNoise(8.0, 2.0, 20), rows[0]),
+                                    (4, 200, EpochNoise(30.0, 1.0, 5), rows[1])):
+        every.assign(rate)
+        gauge = SimpleNamespace(take=lambda got, taken=taken: taken if got is summed else None,
+                                every=every, precondition=None)
+        job = SimpleNamespace(aggregation=SimpleNamespace(noise=gauge),
+                              comm=SimpleNamespace(allreduce_sum=summed),
+                              plan=SimpleNamespace(global_batch=batch),
+                              spec=SimpleNamespace(global_batch=100))
+        (action.on_split if row is rows[0] else action.on_epoch_end)(job, 0, row)
+    first, rest = 0.99 ** 20, 0.99 ** (5 * 4 * 2)   # what each keeps of the past
+    s = rest * (1 - first) * 8.0 + (1 - rest) * 30.0
+    g2 = rest * (1 - first) * 2.0 + (1 - rest) * 1.0
+    assert rows[1]["b_noise_smoothed"] == pytest.approx(s / g2)
+    assert (rows[0]["gns_every"], rows[1]["gns_every"]) == (1, 4)
+
+
 def test_preconditioned_norms_are_of_the_scaled_gradients():
     """keep() with a preconditioner: this rank's ``b_i |s * g_i|^2`` and ``|s * g|^2``, the
     scales given the step's mean gradient and the variable's second moment."""

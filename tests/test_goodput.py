@@ -233,7 +233,8 @@ def test_a_resumed_run_goes_on_with_the_chosen_batch_and_rate(adapted):
     assert "batch_next" not in row          # the last epoch decides nothing
     # its checkpoint keeps them for a resume after that one
     assert again["epoch"] == 5 and again["plan"]["global_batch"] == chosen
-    assert again["adaptive"] == {"lr_factor": pytest.approx(factor, rel=1e-6), "b0": 24}
+    assert again["adaptive"] == {"lr_factor": pytest.approx(factor, rel=1e-6), "b0": 24,
+                                 "chosen": True}
 
 
 def test_hk_fit_gives_the_users_rate_back_when_an_epoch_raises(world3):
@@ -264,22 +265,30 @@ def test_the_users_rate_is_back_when_an_epoch_raises():
     assert compat.learning_rate(optimizer) == pytest.approx(0.1)
 
 
-def test_after_the_first_choice_a_step_in_four_is_measured_unless_the_user_said():
-    """Resumed after the first epoch (no split then), the adaptive batch measures every 4th
-    step; with the user's own ``gns_every`` it leaves the rate as set."""
+def test_from_the_first_choice_on_up_to_a_step_in_four_is_measured_unless_the_user_said():
+    """A fit's begin sets the rate of its steps: once the first choice was made (a resumed
+    run knows from the checkpoint's state) one step in up to 4, as long as the epoch still
+    measures 64 (every_for); every step before it, whatever the epoch (a first epoch too
+    short to split decides at its end); the user's own ``gns_every`` (``then_every`` None)
+    is left as set."""
     from types import SimpleNamespace
 
     import tensorflow as tf
     from hetgrad.adapt import AdaptiveBatch
-    for then, want in ((4, 4), (None, 1)):
+    cases = [({"chosen": True}, 4, 1000, 4), ({"chosen": True}, 4, 200, 3),
+             ({"chosen": True}, 4, 100, 1), (None, 4, 1000, 1), ({"chosen": False}, 4, 1000, 1),
+             ({"chosen": True}, None, 1000, 1)]
+    for saved, then, steps, want in cases:
         noise = SimpleNamespace(every=tf.Variable(1, dtype=tf.int64))
         job = SimpleNamespace(aggregation=SimpleNamespace(noise=noise),
                               checkpointer=SimpleNamespace(state={}),
+                              plan=SimpleNamespace(steps_per_epoch=steps),
                               progress=SimpleNamespace(first_step=0))
         action = AdaptiveBatch(BatchChooser(10, 40, 10), rebalancer=None, lr_rule="gain",
-                               verbose=False, then_every=then)
+                               verbose=False, saved=saved, then_every=then)
         action.on_epoch_begin(job, 1)
-        assert int(noise.every) == want
+        assert int(noise.every) == want, (saved, then, steps)
+        assert job.checkpointer.state["adaptive"]["chosen"] == bool(saved and saved["chosen"])
 
 
 def test_one_rank_is_refused_before_tensorflow():
@@ -368,8 +377,8 @@ def test_the_first_choice_comes_early_in_a_long_enough_first_epoch():
 
 def test_hetgrad_train_chooses_inside_its_first_epoch(world3, tmp_path):
     """The first epoch (90 steps at B_0 = 16) stops after k steps, chooses, and goes on
-    with the rest of its samples at the new batch: one row, every sample once. Its first k
-    steps are measured, each; after the choice every 4th."""
+    with the rest of its samples at the new batch: one row, every sample once; every step
+    measured (after the choice too: epochs this short need every one)."""
     rec = world3.run("training:train", data="digits", global_batch=16, adaptive_batch=True,
                      batch_range=[16, 256], lr=0.05, quiet=True, probe_steps=2, epochs=2,
                      out=str(tmp_path / "r.json")).root
@@ -382,8 +391,7 @@ def test_hetgrad_train_chooses_inside_its_first_epoch(world3, tmp_path):
     assert row["time_s"] > part["time_s"] and "test_accuracy" in row
     n = rec["plan"]["dataset_size"]
     assert part["gns_steps"] == k                       # the first fit's steps, each once
-    rest, later = math.ceil((n - k * 16) / b), math.ceil(n / b)   # steps after the choice
-    assert rest // 4 <= row["gns_steps"] <= -(-rest // 4), (n, k, b)   # every 4th
-    assert later // 4 <= rows[1]["gns_steps"] <= -(-later // 4)
+    assert row["gns_steps"] == math.ceil((n - k * 16) / b), (n, k, b)  # the rest, each once
+    assert part["gns_every"] == row["gns_every"] == rows[1]["gns_every"] == 1
     assert row["lr_factor"] > 1 and rows[1]["lr_factor"] == pytest.approx(row["lr_factor"])
 

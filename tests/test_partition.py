@@ -6,7 +6,7 @@ from hypothesis import given, settings, strategies as st
 
 from hetgrad.errors import HetgradError
 from hetgrad.goodput import candidates, full_tail
-from hetgrad.partition import Plan, fixed_plan, make_plan
+from hetgrad.partition import Plan, fixed_plan, make_plan, plan_batches
 
 
 def test_batches_proportional_and_sum_exactly():
@@ -136,3 +136,22 @@ def test_a_plan_with_a_thin_last_step_says_so():
     assert fixed_plan([233, 233], 20000).thin_tail() is None          # 428 of 466
     assert fixed_plan([238, 238], 20000, drop_remainder=True).thin_tail() is None
     assert fixed_plan([50, 50], 20000).thin_tail() is None            # none: it divides
+
+
+@pytest.mark.parametrize("speeds,batch,n,kw", [
+    ([1, 2, 4], 96, 1437, {}), ([8, 1, 1], 100, 1000, {"max_batch": [40, 100, 100]}),
+    ([1, 1], 64, 1000, {"min_batch": 8})])
+def test_the_batches_alone_are_the_plans(speeds, batch, n, kw):
+    """plan_batches (what the adaptive batch predicts step times from): the plan's batches,
+    without its shards."""
+    assert plan_batches(speeds, batch, n, **kw)[1] == make_plan(speeds, batch, n, **kw).batches
+
+
+@pytest.mark.parametrize("batch,n,kw", [(3, 100, {"min_batch": 2}), (200, 100, {}),
+                                        (10.5, 100, {}), (64, 100, {"max_batch": 10})])
+def test_the_batches_alone_are_refused_as_the_plan_is(batch, n, kw):
+    with pytest.raises(HetgradError) as plan:
+        make_plan([1, 1], batch, n, **kw)
+    with pytest.raises(HetgradError) as alone:
+        plan_batches([1, 1], batch, n, **kw)
+    assert str(alone.value) == str(plan.value) and alone.value.field == plan.value.field

@@ -141,6 +141,21 @@ def test_equal_time_batches_are_optimal_against_brute_force(models, total, data)
     assert worst == pytest.approx(brute_force(models, total, lo, hi), rel=1e-12, abs=1e-15)
 
 
+def test_the_bisection_stops_once_the_batches_at_its_ends_agree():
+    """The water level is a head start for the exact hand-out of the last samples (whose
+    optimality the brute-force test checks): its bisection stops once the batches at both
+    ends sum within 1e-4 of each other, some 30 levels for 4 ranks and a batch of 400 --
+    the adaptive batch weighs a dozen such splits every epoch -- not 80."""
+    from hetgrad import perfmodel
+    models = [StepModel(0.004, 4000.0), StepModel(0.004, 4000.0), StepModel(0.004, 2000.0),
+              StepModel(0.0, 1.0, kind="piecewise", points=[[25, 0.02], [100, 0.05], [400, 0.2]])]
+    calls = []
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(perfmodel, "_batch_at", lambda *a: calls.append(1) or _batch_at(*a))
+        out = equal_time_batches(models, 400, [1] * 4, [400] * 4)
+    assert sum(out) == 400 and len(calls) <= 4 * 40, len(calls)
+
+
 def test_plans_saved_before_the_model_still_load(tmp_path):
     old = make_plan([constant(1.0), constant(3.0)], 96, 1000).to_dict()  # times recorded
     for key in ("fixed_s", "predicted_step_s", "predicted_times_s"):
