@@ -1,7 +1,6 @@
 """The one source of ``hetgrad train``'s settings: each :class:`TrainConfig` field carries its
 help, choices, range check and string parser; the CLI generates its options from them
-(``hetgrad.cli``) and the library validates with the same rules (:func:`check_value`).
-"""
+(``hetgrad.cli``) and the library validates with the same rules (:func:`check_value`)."""
 from __future__ import annotations
 
 import math
@@ -160,8 +159,8 @@ class TrainConfig:
     timeline: str | None = setting(None, "rank 0 writes each rank's compute and exchange spans "
                                    "of sampled steps here (Chrome trace JSON)")
     gns: bool = setting(False, "record the gradient noise scale B_noise each epoch")
-    gns_every: int | None = setting(None, "measure every N-th step (4; adaptive: every step "
-                                    "until its first choice, then up to 4)", check=at_least(1))
+    gns_every: int | None = setting(None, "measure every N-th step (4; adaptive: 1, then "
+                                    "<= 4 after its first choice)", check=at_least(1))
     adaptive_batch: bool = setting(False, "choose each epoch's global batch by goodput (from "
                                    "B_noise and the step models), scaling the learning rate")
     batch_range: list[int] | None = setting(None, "LO,HI of the adaptive batch (B..16 B)", parse=ints)

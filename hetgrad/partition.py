@@ -13,7 +13,7 @@ from typing import Sequence
 from .errors import ConfigError, HetgradError, InputFileError
 from .goodput import full_tail, thin
 from .io import read_json, typed, write_json
-from .perfmodel import StepModel, constant, equal_time_batches, throughput
+from .perfmodel import StepModel, constant, equal_time_batches, equal_time_or_proportional
 
 
 @dataclass(frozen=True)
@@ -166,24 +166,8 @@ def plan_batches(speeds: Sequence[float | StepModel], global_batch: int, dataset
     if dataset_size < global_batch:
         raise ConfigError(f"dataset has {dataset_size} samples, fewer than the global batch "
                           f"{global_batch}", field="global_batch")
-    batches = _equal_time_or_proportional(models, int(global_batch), [min_batch] * p, caps)
+    batches = equal_time_or_proportional(models, int(global_batch), [min_batch] * p, caps)
     return models, batches, timed
-
-
-MIN_GAIN = 0.03  # smallest predicted step-time gain worth a split away from the throughputs
-
-
-def _equal_time_or_proportional(models, total: int, lo: list[int], hi: list[int]) -> list[int]:
-    """The equal-time split, unless it is predicted less than :data:`MIN_GAIN` faster than
-    the split in proportion to each rank's measured throughput at its largest probed batch:
-    where step times hardly grow with the batch, noise in the fitted slopes and fixed costs
-    would otherwise push whole batches onto one rank for no real gain."""
-    batches = equal_time_batches(models, total, lo, hi)
-    plain = equal_time_batches([throughput(m) for m in models], total, lo, hi)
-    slowest = max(m.time(b) for m, b in zip(models, batches))
-    if max(m.time(b) for m, b in zip(models, plain)) <= (1 + MIN_GAIN) * slowest:
-        return plain
-    return batches
 
 
 def fixed_plan(batches: Sequence[int], dataset_size: int, drop_remainder: bool = False) -> Plan:

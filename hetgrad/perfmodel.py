@@ -188,6 +188,22 @@ def equal_time_batches(models: Sequence[StepModel], total: int, lo: Sequence[int
     return out
 
 
+MIN_GAIN = 0.03  # smallest predicted step-time gain worth a split away from the throughputs
+
+
+def equal_time_or_proportional(models, total: int, lo: list[int], hi: list[int]) -> list[int]:
+    """The equal-time split, unless it is predicted less than :data:`MIN_GAIN` faster than
+    the split in proportion to each rank's measured throughput at its largest probed batch:
+    where step times hardly grow with the batch, noise in the fitted slopes and fixed costs
+    would otherwise push whole batches onto one rank for no real gain."""
+    batches = equal_time_batches(models, total, lo, hi)
+    plain = equal_time_batches([throughput(m) for m in models], total, lo, hi)
+    slowest = max(m.time(b) for m, b in zip(models, batches))
+    if max(m.time(b) for m, b in zip(models, plain)) <= (1 + MIN_GAIN) * slowest:
+        return plain
+    return batches
+
+
 def _batch_at(model: StepModel, level: float) -> float:
     """The largest batch (0 to :data:`BATCH_CEILING`) whose predicted time is at most
     ``level``, by inverting the model (its time does not decrease with the batch)."""
