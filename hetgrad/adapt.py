@@ -63,7 +63,7 @@ class AdaptiveBatch(Action):
         self.factor = float((saved or {}).get("lr_factor", 1.0))
         self.chosen = bool((saved or {}).get("chosen", False))
         self.last_lr = None
-        self.measured: dict[int, float] = {}   # global batch -> seconds per step
+        self.measured: dict[int, float] = {}   # global batch -> seconds per step (rank 0's)
         self.rate: _ScaledRate | None = None
 
     def callbacks(self, job):
@@ -100,14 +100,14 @@ class AdaptiveBatch(Action):
             return   # no estimate yet, no epoch measured (a partial one), none left, or
             #          a first epoch (tracing) and no step models in seconds to go by
         models = [m.model() for m in self.rebalancer.online]
-        c, samples = self.chooser, plan.dataset_size - plan.dropped
-        step_s = self._step_time(models, plan, balance, row)
         choice = None
-        if job.rank == 0:
+        if job.rank == 0:   # (its step times and its measured ones: rank 0's alone)
+            c, samples = self.chooser, plan.dataset_size - plan.dropped
             grid = sorted({b if self.rebalancer.drop_remainder   # (dropped: no step of a few)
                            else full_tail(b, samples, c.lo)      # no last step of a few
                            for b in candidates(c.lo, c.hi, plan.global_batch)})
-            choice = c.choose(plan.global_batch, b_noise, step_s, interval, grid=grid)
+            choice = c.choose(plan.global_batch, b_noise,
+                              self._step_time(models, plan, balance, row), interval, grid=grid)
         self._apply(job, choice, models, row, f"epoch {epoch + 1}")
 
     def on_split(self, job, epoch, row):
