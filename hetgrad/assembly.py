@@ -74,10 +74,12 @@ def assemble(spec: RunSpec) -> Run:
             print(f"hetgrad: resuming a {len(state['plan']['batches'])}-rank checkpoint on "
                   f"{comm.size} ranks: plan batches {plan.batches}", file=sys.stderr, flush=True)
     epoch, step = _position(state, plan)
-    return Run(spec, comm, spec.model, optimizer, checkpointer,
-               _actions(spec, comm, probed, checkpointer, state),
-               Progress(plan, shift=(state or {}).get("shift", 0) if step else 0), plan,
-               tuple(probed), probe_time, epoch, spec.device, step)
+    run = Run(spec, comm, spec.model, optimizer, checkpointer,
+              _actions(spec, comm, probed, checkpointer, state),
+              Progress(plan, shift=(state or {}).get("shift", 0) if step else 0), plan,
+              tuple(probed), probe_time, epoch, spec.device, step)
+    compat.build_for_fit(spec.model, run.batches(epoch, step).element_spec)  # one trace
+    return run
 
 
 def _check_adaptive(spec: RunSpec, optimizer, size: int) -> None:

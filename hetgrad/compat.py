@@ -104,6 +104,30 @@ def build_optimizer(optimizer, variables) -> None:
         optimizer.built = True
 
 
+def optimizer_built(optimizer) -> bool:
+    """Whether a Keras 3 (``built``) or 2.11+ (``_built``) optimizer's slots exist; False
+    for anything that does not say (an OptimizerV2)."""
+    return bool(getattr(optimizer, "built", False) or getattr(optimizer, "_built", False))
+
+
+def build_for_fit(model, element_spec) -> None:
+    """Create every variable a compiled ``model``'s first training step would (its layers',
+    the optimizer's slots, Keras 3's compiled metrics' and loss's), from the shapes of
+    batches ``element_spec`` (``(x, y[, w])`` specs): Keras 3 creates them inside the first
+    traced step (without a distribution strategy), and a ``tf.function`` that creates
+    variables is traced twice. Keras 2 creates them outside the trace already. Only an
+    optimization: where Keras cannot build from shapes alone (a model whose ``call`` does
+    not take the batch's ``x`` as it comes, e.g. a custom ``train_step`` that unpacks it),
+    what is left is built in the first step, as Keras always does."""
+    if model.built:
+        build_optimizer(model.optimizer, model.trainable_variables)
+    if KERAS3:
+        try:
+            model._symbolic_build(data_batch=element_spec)
+        except Exception:   # (the user's model code: whatever it raises, Keras builds later)
+            pass
+
+
 def is_compiled(model) -> bool:
     return bool(getattr(model, "compiled", False) or getattr(model, "_is_compiled", False))
 

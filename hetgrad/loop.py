@@ -81,7 +81,7 @@ def run_epochs(job: "Run") -> float:
     (``progress.split_at``) is two fits, its row one."""
     actions, progress = job.actions, job.progress
     own = _Own(clock=_EpochClock(progress), split=_Split(progress),
-               broadcast=hk_callbacks.BroadcastGlobalVariablesCallback(0),  # once, at the start
+               broadcast=hk_callbacks.BroadcastGlobalVariablesCallback(0, built_alike=True),
                check=_StopCheck(job.comm, STOP_CHECK_EVERY.get(job.comm.kind, 10))
                if job.checkpointer.dir is not None else None)
     t0 = time.perf_counter()

@@ -75,9 +75,11 @@ def measure(model: keras.Model, batch_of: Batch, *, batches: Sequence[int], warm
     training. ``on_point(batch, seconds)`` reports each size when done.
     """
     import tensorflow as tf
+    from . import compat
     points, all_times = [], []
     for batch in batches:
         data = tf.data.Dataset.from_tensors(batch_of(batch)).repeat()
+        compat.build_for_fit(model, data.element_spec)   # (the step traced once)
         if sync:
             sync()
         clock = _step_clock(warmup, lambda: before_step(batch) if before_step else None,

@@ -147,3 +147,58 @@ def test_hk_fits_progress_bar_counts_the_epochs_steps(capsys):
     adapter.steps = 5                           # a rest that ends at step 5: the bar's end too
     adapter.set_params({"verbose": 0, "epochs": 1, "steps": 2})
     assert bar.progbar.target == 5
+
+
+def test_hk_fit_traces_the_training_step_once():
+    """Keras 3 creates the optimizer's slots and the compiled metrics inside the first traced
+    step (with no distribution strategy), and a tf.function that creates variables is traced
+    twice: every rank's first step paid a second trace (the goodput runs' cnn1d: 0.5 s of
+    its 1.3 s first call, ad hoc). hk.fit creates them first: the step's Python runs once,
+    and so does the probe's (one fit per probe batch)."""
+    from hetgrad.compat import keras
+
+    class Counted(keras.Sequential):
+        traces = 0
+
+        def train_step(self, *args, **kwargs):
+            type(self).traces += 1
+            return super().train_step(*args, **kwargs)
+
+    def compiled():
+        model = Counted([keras.Input((5,)), keras.layers.Dense(3)])
+        model.compile(optimizer=keras.optimizers.Adam(0.01), metrics=["accuracy"],
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(32, 5)).astype(np.float32), rng.integers(0, 3, 32)
+    hk.fit(compiled(), x, y, global_batch=8, epochs=2, plan=hetgrad.make_plan([1], 8, 32),
+           verbose=0)
+    assert Counted.traces == 1
+    Counted.traces = 0
+    hk.probe(compiled(), x, y, batches=[8], steps=2, warmup=1)
+    assert Counted.traces == 1
+
+
+def test_the_broadcast_is_one_where_every_rank_built_its_optimizer(monkeypatch):
+    """hetgrad's loop (every rank's slots built alike before the fit): one broadcast of the
+    model's and the optimizer's variables before the first step. By default, as Horovod
+    (rank 0 alone may have loaded a built optimizer): the weights first, both after the
+    first step -- also when this rank's optimizer is built."""
+    from hetgrad import compat
+    from hetgrad._keras import callbacks
+    from hetgrad.compat import keras
+    sizes = []
+    monkeypatch.setattr(callbacks.hvd, "broadcast_variables",
+                        lambda variables, root_rank: sizes.append(len(variables)))
+    x, y = np.ones((8, 3), np.float32), np.ones((8, 1), np.float32)
+    for alike, expected in ((True, ["all"]), (False, ["model", "all"])):
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.Adam(), loss="mse")
+        compat.build_optimizer(model.optimizer, model.trainable_variables)
+        n = {"model": len(model.variables),
+             "all": len(model.variables) + len(compat.optimizer_variables(model.optimizer))}
+        sizes.clear()
+        model.fit(x, y, batch_size=4, epochs=1, verbose=0, callbacks=[
+            callbacks.BroadcastGlobalVariablesCallback(0, built_alike=alike)])
+        assert sizes == [n[e] for e in expected]

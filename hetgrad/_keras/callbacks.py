@@ -33,12 +33,17 @@ class _Counting(keras.callbacks.Callback):
 class BroadcastGlobalVariablesCallback(_Counting):
     """Make every rank start from ``root_rank``'s state: its model weights before the first
     step, and model + optimizer variables (slots exist by then) after the first call into
-    the train step (its first step, or first N with ``steps_per_execution`` N).
+    the train step (its first step, or first N with ``steps_per_execution`` N), as Horovod
+    does. ``built_alike``: the caller's word that every rank's optimizer has its slots
+    before the fit, or none has (hetgrad's loop builds them on every rank): where they
+    exist, one broadcast of both before the first step. (Not by default: in Horovod's
+    examples rank 0 alone loads a saved model, its optimizer built, the others' not.)
     ``local_variables`` keep each rank's own values (Horovod's); ``device`` is unused."""
 
-    def __init__(self, root_rank: int = 0, device: str = "", local_variables=None):
+    def __init__(self, root_rank: int = 0, device: str = "", local_variables=None, *,
+                 built_alike: bool = False):
         super().__init__()
-        self.root_rank = root_rank
+        self.root_rank, self.built_alike = root_rank, built_alike
         self.local = {compat.variable_key(v) for v in local_variables or ()}
         self.done = False
 
@@ -47,7 +52,13 @@ class BroadcastGlobalVariablesCallback(_Counting):
         hvd.broadcast_variables(compat.tf_variables(shared), root_rank=self.root_rank)
 
     def on_train_begin(self, logs=None):
-        if not self.done and self.model.built:
+        if self.done or not self.model.built:
+            return
+        optimizer = self.model.optimizer
+        if self.built_alike and compat.optimizer_built(optimizer):
+            self._broadcast([*self.model.variables, *compat.optimizer_variables(optimizer)])
+            self.done = True
+        else:
             self._broadcast(self.model.variables)
 
     def on_train_batch_end(self, batch, logs=None):
