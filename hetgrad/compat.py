@@ -105,27 +105,37 @@ def build_optimizer(optimizer, variables) -> None:
 
 
 def optimizer_built(optimizer) -> bool:
-    """Whether a Keras 3 (``built``) or 2.11+ (``_built``) optimizer's slots exist; False
-    for anything that does not say (an OptimizerV2)."""
+    """Whether a Keras 3 or 2.11+ optimizer's slots exist (an OptimizerV2 does not say)."""
     return bool(getattr(optimizer, "built", False) or getattr(optimizer, "_built", False))
 
 
 def build_for_fit(model, element_spec) -> None:
-    """Create every variable a compiled ``model``'s first training step would (its layers',
-    the optimizer's slots, Keras 3's compiled metrics' and loss's), from the shapes of
-    batches ``element_spec`` (``(x, y[, w])`` specs): Keras 3 creates them inside the first
-    traced step (without a distribution strategy), and a ``tf.function`` that creates
-    variables is traced twice. Keras 2 creates them outside the trace already. Only an
-    optimization: where Keras cannot build from shapes alone (a model whose ``call`` does
-    not take the batch's ``x`` as it comes, e.g. a custom ``train_step`` that unpacks it),
+    """Create every variable a compiled ``model``'s first training step would, from the
+    shapes of batches ``element_spec`` (``(x, y[, w])`` specs): the optimizer's slots and
+    the compiled metrics' variables, which Keras creates inside the first traced step (Keras
+    3 without a distribution strategy: its layers' and loss's too) -- and a ``tf.function``
+    that creates variables is traced twice. Only an optimization: where Keras cannot build
+    from shapes alone (a model whose ``call`` does not take the batch's ``x`` as it comes,
+    e.g. a custom ``train_step`` that unpacks it; a Keras 2 model without one ``output``),
     what is left is built in the first step, as Keras always does."""
     if model.built:
         build_optimizer(model.optimizer, model.trainable_variables)
-    if KERAS3:
-        try:
+    try:
+        if KERAS3:
             model._symbolic_build(data_batch=element_spec)
-        except Exception:   # (the user's model code: whatever it raises, Keras builds later)
-            pass
+        else:
+            _build_keras2_metrics(model, element_spec[1])
+    except Exception:   # (the user's model code: whatever it raises, Keras builds later)
+        pass
+
+
+def _build_keras2_metrics(model, labels) -> None:
+    """Keras 2's compiled metrics (made at their first update, in the step) from a
+    one-output model's output and the labels' shapes, which choose e.g. the sparse accuracy;
+    not for several outputs (whether the step gives them as a list or a dict is its own)."""
+    outputs = getattr(model, "outputs", None) or ()
+    if len(outputs) == 1 and not model.compiled_metrics.built:
+        model.compiled_metrics.build(outputs[0], labels)
 
 
 def is_compiled(model) -> bool:
@@ -237,13 +247,3 @@ def set_learning_rate(optimizer, value: float) -> None:
     if not hasattr(lr, "assign"):
         raise ValueError("the optimizer's learning rate is a schedule, not a variable")
     lr.assign(value)
-
-
-def horovod_keras():
-    """``horovod.tensorflow.keras`` for the Horovod baselines and its broadcast callback."""
-    if KERAS3:
-        raise ConfigError(f"horovod.tensorflow.keras does not allreduce under Keras "
-                          f"{KERAS_VERSION}; use hetgrad.keras")
-    import horovod.tensorflow.keras as hvd_keras
-    return hvd_keras
-

@@ -39,6 +39,17 @@ def arms() -> list[str]:
     return ["horovod"] + [f"{w}-{c}" for w in WEIGHTS for c in ("checked", "bare")]
 
 
+def horovod_keras():
+    """``horovod.tensorflow.keras``, the baseline arm's (its optimizer does not allreduce
+    under Keras 3: ``TF_USE_LEGACY_KERAS=1``)."""
+    from hetgrad import compat
+    if compat.KERAS3:
+        raise SystemExit(f"bench: horovod.tensorflow.keras does not allreduce under Keras "
+                         f"{compat.KERAS_VERSION}: set TF_USE_LEGACY_KERAS=1")
+    import horovod.tensorflow.keras as hvd_keras
+    return hvd_keras
+
+
 def build(kind: str, args, plan, hvd, hk, tf):
     """A compiled model whose optimizer is ``kind``'s."""
     from hetgrad import models
@@ -47,8 +58,7 @@ def build(kind: str, args, plan, hvd, hk, tf):
     base = (tf.keras.optimizers.Adam(1e-4) if args.optimizer == "adam"
             else tf.keras.optimizers.SGD(0.001))
     if kind == "horovod":
-        from hetgrad import compat
-        opt = compat.horovod_keras().DistributedOptimizer(base, op=hvd.Average)
+        opt = horovod_keras().DistributedOptimizer(base, op=hvd.Average)
     else:
         weight, mode, *how = kind.split("-")
         from hetgrad.reducers import DenseReducer

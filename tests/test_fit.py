@@ -150,10 +150,10 @@ def test_hk_fits_progress_bar_counts_the_epochs_steps(capsys):
 
 
 def test_hk_fit_traces_the_training_step_once():
-    """Keras 3 creates the optimizer's slots and the compiled metrics inside the first traced
-    step (with no distribution strategy), and a tf.function that creates variables is traced
-    twice: every rank's first step paid a second trace (the goodput runs' cnn1d: 0.5 s of
-    its 1.3 s first call, ad hoc). hk.fit creates them first: the step's Python runs once,
+    """Keras creates the compiled metrics (Keras 3: the optimizer's slots too) inside the
+    first traced step, and a tf.function that creates variables is traced twice: every
+    rank's first step paid a second trace (the goodput runs' cnn1d: 0.5 s of its 1.3 s first
+    call, ad hoc). hk.fit creates them first: the step's Python runs once, on every flavour,
     and so does the probe's (one fit per probe batch)."""
     from hetgrad.compat import keras
 
@@ -189,7 +189,7 @@ def test_the_broadcast_is_one_where_every_rank_built_its_optimizer(monkeypatch):
     from hetgrad._keras import callbacks
     from hetgrad.compat import keras
     sizes = []
-    monkeypatch.setattr(callbacks.hvd, "broadcast_variables",
+    monkeypatch.setattr(callbacks, "broadcast_variables",
                         lambda variables, root_rank: sizes.append(len(variables)))
     x, y = np.ones((8, 3), np.float32), np.ones((8, 1), np.float32)
     for alike, expected in ((True, ["all"]), (False, ["model", "all"])):

@@ -10,6 +10,7 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from .. import compat
+from ..tensorflow import broadcast_variables
 from .counting import count_samples, epoch_samples
 from .optimizer import hetgrad_outermost
 
@@ -49,7 +50,7 @@ class BroadcastGlobalVariablesCallback(_Counting):
 
     def _broadcast(self, variables) -> None:
         shared = [v for v in variables if compat.variable_key(v) not in self.local]
-        hvd.broadcast_variables(compat.tf_variables(shared), root_rank=self.root_rank)
+        broadcast_variables(shared, root_rank=self.root_rank)
 
     def on_train_begin(self, logs=None):
         if self.done or not self.model.built:

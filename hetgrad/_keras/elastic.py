@@ -11,6 +11,7 @@ from horovod.common.exceptions import HorovodInternalError
 
 from .. import compat
 from ..runtime import forget
+from ..tensorflow import broadcast_variables
 
 keras = compat.keras
 
@@ -47,7 +48,7 @@ class KerasState(ObjectState):
         super().restore()
 
     def sync(self):
-        hvd.broadcast_variables(self._variables(), root_rank=0)
+        broadcast_variables(self._variables(), root_rank=0)
         self._save_model()
         super().sync()
 
