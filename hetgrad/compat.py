@@ -110,32 +110,25 @@ def optimizer_built(optimizer) -> bool:
 
 
 def build_for_fit(model, element_spec) -> None:
-    """Create every variable a compiled ``model``'s first training step would, from the
-    shapes of batches ``element_spec`` (``(x, y[, w])`` specs): the optimizer's slots and
-    the compiled metrics' variables, which Keras creates inside the first traced step (Keras
-    3 without a distribution strategy: its layers' and loss's too) -- and a ``tf.function``
-    that creates variables is traced twice. Only an optimization: where Keras cannot build
-    from shapes alone (a model whose ``call`` does not take the batch's ``x`` as it comes,
-    e.g. a custom ``train_step`` that unpacks it; a Keras 2 model without one ``output``),
-    what is left is built in the first step, as Keras always does."""
+    """Create what a compiled ``model``'s first training step would (the optimizer's slots,
+    the compiled metrics; Keras 3: the layers' and the loss's state too) from the shapes of
+    batches ``element_spec`` (``(x, y[, w])``): Keras creates them inside the first traced
+    step, and a ``tf.function`` that creates variables is traced twice. Only an optimization,
+    left to the step where a custom ``train_step`` may change what the model sees, where a
+    Keras 2 model has several outputs or labels, and where building raises."""
     if model.built:
         build_optimizer(model.optimizer, model.trainable_variables)
+    if type(model).train_step is not keras.Model.train_step:
+        return
     try:
         if KERAS3:
             model._symbolic_build(data_batch=element_spec)
-        else:
-            _build_keras2_metrics(model, element_spec[1])
+        elif len(getattr(model, "outputs", None) or ()) == 1 and isinstance(
+                element_spec[1], tf.TensorSpec) and not model.compiled_metrics.built:
+            # (a metric is chosen by the output's and the labels' shapes)
+            model.compiled_metrics.build(model.outputs[0], element_spec[1])
     except Exception:   # (the user's model code: whatever it raises, Keras builds later)
         pass
-
-
-def _build_keras2_metrics(model, labels) -> None:
-    """Keras 2's compiled metrics (made at their first update, in the step) from a
-    one-output model's output and the labels' shapes, which choose e.g. the sparse accuracy;
-    not for several outputs (whether the step gives them as a list or a dict is its own)."""
-    outputs = getattr(model, "outputs", None) or ()
-    if len(outputs) == 1 and not model.compiled_metrics.built:
-        model.compiled_metrics.build(outputs[0], labels)
 
 
 def is_compiled(model) -> bool:

@@ -154,30 +154,55 @@ def test_hk_fit_traces_the_training_step_once():
     first traced step, and a tf.function that creates variables is traced twice: every
     rank's first step paid a second trace (the goodput runs' cnn1d: 0.5 s of its 1.3 s first
     call, ad hoc). hk.fit creates them first: the step's Python runs once, on every flavour,
-    and so does the probe's (one fit per probe batch)."""
+    and so does the probe's (one fit per probe batch). A custom train_step is left alone
+    (what it passes the model is its own): traced twice, as in Keras."""
     from hetgrad.compat import keras
 
-    class Counted(keras.Sequential):
+    class Counting(keras.layers.Layer):   # one count per trace of a training step
         traces = 0
 
+        def call(self, x, training=None):
+            if training:
+                type(self).traces += 1
+            return x
+
+    class Custom(keras.Sequential):
         def train_step(self, *args, **kwargs):
-            type(self).traces += 1
             return super().train_step(*args, **kwargs)
 
-    def compiled():
-        model = Counted([keras.Input((5,)), keras.layers.Dense(3)])
+    def compiled(cls=keras.Sequential):
+        Counting.traces = 0
+        model = cls([keras.Input((5,)), Counting(), keras.layers.Dense(3)])
         model.compile(optimizer=keras.optimizers.Adam(0.01), metrics=["accuracy"],
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         return model
 
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(32, 5)).astype(np.float32), rng.integers(0, 3, 32)
-    hk.fit(compiled(), x, y, global_batch=8, epochs=2, plan=hetgrad.make_plan([1], 8, 32),
-           verbose=0)
-    assert Counted.traces == 1
-    Counted.traces = 0
+    plan = hetgrad.make_plan([1], 8, 32)
+    hk.fit(compiled(), x, y, global_batch=8, epochs=2, plan=plan, verbose=0)
+    assert Counting.traces == 1
     hk.probe(compiled(), x, y, batches=[8], steps=2, warmup=1)
-    assert Counted.traces == 1
+    assert Counting.traces == 1
+    hk.fit(compiled(Custom), x, y, global_batch=8, epochs=1, plan=plan, verbose=0)
+    assert Counting.traces == 2
+
+
+def test_in_place_broadcasts_only_what_horovod_can_take():
+    """Horovod's in-place broadcast keys each tensor by its variable's name: two unnamed
+    tf.Variables (or a Keras 3 subclassed model's kernels) would collide, so those go the
+    traced way; as do other dtypes and calls inside a traced function."""
+    import tensorflow as tf
+    import hetgrad.tensorflow as htf
+    htf.init()
+    a, b = tf.Variable(1.0), tf.Variable(2.0)
+    named = [tf.Variable(1.0, name="w"), tf.Variable(3, dtype=tf.int64, name="step")]
+    assert htf.in_place(named) and not htf.in_place([a, b])
+    assert not htf.in_place([tf.Variable(1, dtype=tf.int16, name="n")])
+    assert not tf.function(lambda: tf.constant(htf.in_place(named)))().numpy()
+    htf.broadcast_variables([a, b], root_rank=0)   # one rank: the values stay
+    htf.broadcast_variables(named, root_rank=0)
+    assert (a.numpy(), b.numpy(), int(named[1].numpy())) == (1.0, 2.0, 3)
 
 
 def test_the_broadcast_is_one_where_every_rank_built_its_optimizer(monkeypatch):

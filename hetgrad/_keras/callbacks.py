@@ -64,7 +64,8 @@ class BroadcastGlobalVariablesCallback(_Counting):
 
     def on_train_batch_end(self, batch, logs=None):
         if not self.done:
-            self._broadcast([*self.model.variables, *self.model.optimizer.variables])
+            self._broadcast([*self.model.variables,
+                             *compat.optimizer_variables(self.model.optimizer)])
             self.done = True
 
 
