@@ -33,6 +33,13 @@ def test_broadcast_starts_every_rank_from_rank_0(parity):
     assert parity["broadcast"] < 1e-6 and parity["broadcast_spread"] == 0.0
 
 
+def test_broadcast_variables_in_place_only_where_every_rank_can(parity):
+    """Two unnamed tf.Variables (one name twice: Horovod's in-place op would refuse them):
+    the traced way; named ones: in place. Rank 0's values on every rank either way."""
+    rows = parity["broadcast_named"]   # per rank: in place (unnamed, named), then the values
+    assert len(rows) == 3 and all(row == [0.0, 1.0, 1.0, 2.0, 0.0, 0.0] for row in rows)
+
+
 def test_metric_average_is_sample_weighted(parity):
     assert parity["metric_average"] < 1e-6
 

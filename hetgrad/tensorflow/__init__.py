@@ -48,7 +48,8 @@ def in_place(variables) -> bool:
     function (inside, its op per device may be named apart on different ranks), resource
     variables of the common dtypes, each of its own name (it keys each tensor by its
     variable's name: two unnamed tf.Variables, or a Keras 3 subclassed model's kernels,
-    would collide)."""
+    would collide). Every rank answers alike: Horovod broadcasts by name either way, so
+    the names must be the same on every rank."""
     names = [v.name for v in variables]
     return (tf.executing_eagerly() and len(set(names)) == len(names)
             and all(is_resource_variable(v) and v.dtype in IN_PLACE_DTYPES for v in variables))

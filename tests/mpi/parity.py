@@ -198,6 +198,17 @@ def run(tmp: str) -> dict:
     results["accumulate"] = diff(m, full)
     results["accumulate_iterations"] = int(m.optimizer.iterations.numpy())
 
+    # 15. broadcast_variables of two unnamed tf.Variables (one name twice: not in place) and
+    # of named ones (in place): rank 0's values everywhere
+    import hetgrad.tensorflow as htf  # noqa: E402
+    unnamed = [tf.Variable(1.0 + rank), tf.Variable(2.0 * (rank + 1))]
+    named = [tf.Variable(float(rank), name="named_w"), tf.Variable(rank, tf.int64, name="n")]
+    chosen = [float(htf.in_place(unnamed)), float(htf.in_place(named))]
+    htf.broadcast_variables(unnamed, root_rank=0)
+    htf.broadcast_variables(named, root_rank=0)
+    everywhere = hk.allgather(tf.constant([chosen + [float(v.numpy()) for v in unnamed + named]]))
+    results["broadcast_named"] = everywhere.numpy().tolist()   # a row per rank
+
     # 14. what a Horovod user imports from the module
     import horovod.tensorflow as hvd  # noqa: E402
     results["reexports"] = [hk.rank() == hvd.rank(), hk.size() == hvd.size(),
