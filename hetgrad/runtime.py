@@ -1,6 +1,7 @@
 """Process set-up shared by every command: MPI, Horovod, TF threads and device placement."""
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import sys
@@ -89,6 +90,23 @@ def control(threads: int = 1, device: str = "cpu") -> Comm:
     comm = init()
     agree(comm, lambda: configure_tf(threads, device))
     return comm
+
+
+@contextmanager
+def still_heap():
+    """Objects alive at the start (TensorFlow's, Keras', the model's: millions) out of the
+    garbage collector's sight for the training (``gc.freeze``; back at its end): each full
+    collection no longer scans them. Tracing a step makes enough objects to run several, and
+    they made the first step about a fifth slower (docs/results.md). Objects made later are
+    collected as before. Left alone where the process froze some itself."""
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 @contextmanager

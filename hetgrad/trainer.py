@@ -24,7 +24,7 @@ from .observe import Timeline
 from .planning import choose_plan, probe_sizes
 from .record import build_record, save_record, sparse_bytes
 from .run import ProbeSpec, Run, RunSpec
-from .runtime import agree, configure_tf, init
+from .runtime import agree, configure_tf, init, still_heap
 from .targets import kind_of, metric
 from .validate import Checked, check_model, checked_train, job_identity, lr_rule_in_effect
 from .watchdog import stall_check
@@ -35,7 +35,7 @@ def train(cfg: TrainConfig | Checked | None = None, **settings) -> dict:
     ``TrainConfig(**settings)``); rank 0 writes and returns the record."""
     cfg = cfg if cfg is not None else TrainConfig(**settings)
     checked = cfg if isinstance(cfg, Checked) else checked_train(cfg)
-    with preempt.listening():   # a stop request during start-up waits for epoch 1's end
+    with preempt.listening(), still_heap():   # (a stop request during start-up: after epoch 1)
         run = assemble(spec_of(checked))
         _announce(run, checked.cfg)
         wall = run_epochs(run)

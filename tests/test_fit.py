@@ -227,3 +227,40 @@ def test_the_broadcast_is_one_where_every_rank_built_its_optimizer(monkeypatch):
         model.fit(x, y, batch_size=4, epochs=1, verbose=0, callbacks=[
             callbacks.BroadcastGlobalVariablesCallback(0, built_alike=alike)])
         assert sizes == [n[e] for e in expected]
+
+
+def test_the_heap_is_still_during_training_and_thawed_after():
+    """hk.fit freezes the objects alive at its start (gc.freeze: a full collection no longer
+    scans TensorFlow's) and thaws them at its end, also after an error; a process that froze
+    some itself keeps its own freeze."""
+    import gc
+
+    from hetgrad.compat import keras
+
+    seen = []
+
+    class Frozen(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            seen.append(gc.get_freeze_count())
+
+    model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(3)])
+    model.compile(optimizer="sgd", loss="mse")
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(32, 5)).astype(np.float32), rng.normal(size=(32, 3))
+    plan = hetgrad.make_plan([1], 8, 32)
+    assert gc.get_freeze_count() == 0
+    hk.fit(model, x, y, global_batch=8, epochs=1, plan=plan, verbose=0, callbacks=[Frozen()])
+    assert seen[-1] > 10000 and gc.get_freeze_count() == 0
+    with pytest.raises(HetgradError):
+        hk.fit(model, x, y, global_batch=8, epochs=1, plan=hetgrad.make_plan([1], 8, 40),
+               verbose=0)
+    assert gc.get_freeze_count() == 0
+    gc.freeze()
+    try:
+        mine = gc.get_freeze_count()
+        hk.fit(model, x, y, global_batch=8, epochs=1, plan=plan, verbose=0,
+               callbacks=[Frozen()])
+        # (freed objects leave the frozen ones: the count only falls)
+        assert seen[-1] <= mine and 0.9 * mine < gc.get_freeze_count() <= mine
+    finally:
+        gc.unfreeze()

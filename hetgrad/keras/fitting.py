@@ -20,7 +20,7 @@ from ..goodput import check_range, default_lr_rule
 from ..loop import run_epochs
 from ..partition import Plan, make_plan
 from ..run import ProbeSpec, RunSpec
-from ..runtime import agree, init
+from ..runtime import agree, init, still_heap
 from ..sparse.settings import Sparsify
 from ..writable import check_observers
 
@@ -65,23 +65,24 @@ def fit(model, x, y=None, *, global_batch: int, epochs: int, validation_data=Non
     tensorboard, timeline = _observers(comm, tensorboard, timeline)
     sparsify = Sparsify(sparsify) if isinstance(sparsify, str) else sparsify
     history = keras.callbacks.History()
-    run = assemble(RunSpec(
-        model=model, data=source, global_batch=global_batch, epochs=epochs, seed=seed,
-        plan=plan, probe=ProbeSpec(steps=probe_steps), min_batch=min_batch,
-        max_batch=max_batch, drop_remainder=drop_remainder, sparsify=sparsify,
-        rebalance_threshold=rebalance_threshold if rebalance else None,
-        checkpoint_dir=checkpoint_dir, resume=resume,
-        identity={"seed": seed, "sparsify": asdict(sparsify) if sparsify else None,
-                  "drop_remainder": drop_remainder,
-                  "adaptive_batch": adaptive_batch and list(adaptive_batch), "lr_rule": lr_rule},
-        emulation=_emulation(emulate_speeds, emulate_unit, comm.size),
-        validation=validation_data, verbose=verbose, step_timeout=step_timeout, device=device,
-        tensorboard=tensorboard, timeline=timeline, gns=gns, gns_every=gns_every,
-        adaptive_batch=adaptive_batch, lr_rule=lr_rule,
-        callbacks=[history, *callbacks, *progress_callbacks(verbose, comm.rank)]))
-    if comm.rank == 0 and verbose:
-        _announce(run.plan)
-    run_epochs(run)
+    with still_heap():
+        run = assemble(RunSpec(
+            model=model, data=source, global_batch=global_batch, epochs=epochs, seed=seed,
+            plan=plan, probe=ProbeSpec(steps=probe_steps), min_batch=min_batch,
+            max_batch=max_batch, drop_remainder=drop_remainder, sparsify=sparsify,
+            rebalance_threshold=rebalance_threshold if rebalance else None,
+            checkpoint_dir=checkpoint_dir, resume=resume,
+            identity={"seed": seed, "sparsify": asdict(sparsify) if sparsify else None,
+                      "drop_remainder": drop_remainder, "adaptive_batch":
+                      adaptive_batch and list(adaptive_batch), "lr_rule": lr_rule},
+            emulation=_emulation(emulate_speeds, emulate_unit, comm.size),
+            validation=validation_data, verbose=verbose, step_timeout=step_timeout,
+            device=device, tensorboard=tensorboard, timeline=timeline, gns=gns,
+            gns_every=gns_every, adaptive_batch=adaptive_batch, lr_rule=lr_rule,
+            callbacks=[history, *callbacks, *progress_callbacks(verbose, comm.rank)]))
+        if comm.rank == 0 and verbose:
+            _announce(run.plan)
+        run_epochs(run)
     if drop_backup and comm.rank == 0:   # a finished run's backup goes, as Keras' does
         shutil.rmtree(checkpoint_dir, ignore_errors=True)
     model.history = history
