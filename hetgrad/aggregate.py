@@ -41,7 +41,7 @@ def _zeros_if(flag: tf.Tensor, grads: list) -> list:
     one; ad hoc, one process)."""
     present = [g for g in grads if g is not None]
     if not present:
-        return grads
+        return list(grads)
     dense = [g.values if isinstance(g, tf.IndexedSlices) else g for g in present]
     cleared = iter(tf.cond(flag, lambda: [tf.zeros_like(t) for t in dense],
                            lambda: [tf.identity(t) for t in dense]))

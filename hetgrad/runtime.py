@@ -98,7 +98,9 @@ def still_heap():
     garbage collector's sight for the training (``gc.freeze``; back at its end): each full
     collection no longer scans them. Tracing a step makes enough objects to run several, and
     they made the first step about a fifth slower (docs/results.md). Objects made later are
-    collected as before. Left alone where the process froze some itself."""
+    collected as before; garbage not yet collected at the start is kept to the end (a
+    collection first would cost one full scan). Left alone where the process froze some
+    itself (a freeze made during the training is undone with it)."""
     if gc.get_freeze_count():
         yield
         return

@@ -35,10 +35,12 @@ def train(cfg: TrainConfig | Checked | None = None, **settings) -> dict:
     ``TrainConfig(**settings)``); rank 0 writes and returns the record."""
     cfg = cfg if cfg is not None else TrainConfig(**settings)
     checked = cfg if isinstance(cfg, Checked) else checked_train(cfg)
-    with preempt.listening(), still_heap():   # (a stop request during start-up: after epoch 1)
-        run = assemble(spec_of(checked))
-        _announce(run, checked.cfg)
-        wall = run_epochs(run)
+    with preempt.listening():   # a stop request during start-up waits for epoch 1's end
+        spec = spec_of(checked)
+        with still_heap():   # (the model built: frozen too)
+            run = assemble(spec)
+            _announce(run, checked.cfg)
+            wall = run_epochs(run)
     return finish(checked.cfg, run, wall)
 
 
