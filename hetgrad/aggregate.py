@@ -43,16 +43,17 @@ def _zeros_if(flag: tf.Tensor, grads: list) -> list:
     if not present:
         return list(grads)
     dense = [g.values if isinstance(g, tf.IndexedSlices) else g for g in present]
-    cleared = iter(tf.cond(flag, lambda: [tf.zeros_like(t) for t in dense],
-                           lambda: [tf.identity(t) for t in dense]))
-    out = []
-    for g in grads:
-        if g is not None:
-            t = next(cleared)
-            g = tf.IndexedSlices(t, g.indices, g.dense_shape) \
-                if isinstance(g, tf.IndexedSlices) else t
-        out.append(g)
-    return out
+    cleared = tf.cond(flag, lambda: [tf.zeros_like(t) for t in dense],
+                      lambda: [tf.identity(t) for t in dense])
+    return _refilled(grads, [tf.IndexedSlices(t, g.indices, g.dense_shape)
+                             if isinstance(g, tf.IndexedSlices) else t
+                             for g, t in zip(present, cleared)])
+
+
+def _refilled(grads: list, values: list) -> list:
+    """``grads`` with its entries that are not None replaced by ``values``, in order."""
+    it = iter(values)
+    return [None if g is None else next(it) for g in grads]
 
 
 def finite_everywhere(grads: list, name: str) -> tf.Tensor:
@@ -143,9 +144,8 @@ class Aggregation:
             ok = finite_everywhere(grads, getattr(self.reducer, "name", "hetgrad"))
             present = [g for g in grads if g is not None]
             kept = variables and [v for g, v in zip(grads, variables) if g is not None]
-            done = iter(tf.cond(ok, lambda: [g for g in self._exchange(present, kept)],
-                                lambda: [g * np.float32(np.nan) for g in present]))
-            out = [None if g is None else next(done) for g in grads]
+            out = _refilled(grads, tf.cond(ok, lambda: [g for g in self._exchange(present, kept)],
+                                           lambda: [g * np.float32(np.nan) for g in present]))
         if isinstance(self.weight, SampleWeight):
             self.weight.used()
         return out
