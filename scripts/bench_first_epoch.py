@@ -41,7 +41,11 @@ def parse_arm(text: str, batch: int) -> tuple[str, Path, list[str]]:
     name, _, rest = text.partition("=")
     directory, _, arm = rest.partition(":")
     arm, *flags = shlex.split(arm) or [f"fixed-{batch}"]
-    return name, Path(directory).resolve(), [*arm_args(arm), *flags]
+    try:
+        return name, Path(directory).resolve(), [*arm_args(arm), *flags]
+    except ValueError:
+        raise SystemExit(f"bench: --arm {text}: {arm!r} is neither adaptive[-RULE] nor "
+                         "fixed-B[-lrRATE]") from None
 
 
 def first_epoch(directory: Path, arm: list[str], scenario: str, data: str) -> dict:

@@ -237,3 +237,14 @@ def test_a_scenario_mixing_wall_and_fit_times_is_refused(tmp_path):
         (tmp_path / f"1-2_{arm}_s0.json").write_text(json.dumps(rec))
     with pytest.raises(SystemExit, match="mixes records with and without elapsed_s"):
         bg.summarize(tmp_path, 0.85)
+
+
+def test_a_first_epoch_arm_is_a_checkout_and_a_goodput_arm_with_flags(tmp_path):
+    from bench_first_epoch import parse_arm
+    name, directory, args = parse_arm(f"ada={tmp_path}:fixed-400 --gns --gns-every 1", 200)
+    assert (name, directory) == ("ada", tmp_path.resolve())
+    assert args[:2] == ["-B", "400"] and args[-3:] == ["--gns", "--gns-every", "1"]
+    assert parse_arm(f"f={tmp_path}", 200)[2][:2] == ["-B", "200"]   # the default arm
+    assert "--adaptive-batch" in parse_arm(f"a={tmp_path}:adaptive", 200)[2]
+    with pytest.raises(SystemExit, match=r"--arm b=.*'fixd-200' is neither"):
+        parse_arm(f"b={tmp_path}:fixd-200", 200)
