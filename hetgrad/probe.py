@@ -20,6 +20,7 @@ from .io import read_json, typed, write_json
 from .perfmodel import StepModel, fit, relative_noise, scale_through
 
 if TYPE_CHECKING:   # loading a saved probe (the start-up checks) needs no TensorFlow
+    import tensorflow as tf
     from .compat import keras
 
 
@@ -53,32 +54,32 @@ class ProbeResult:
                          [list(p) for p in self.points], self.fit_error, self.scale)
 
 
-Batch = Callable[[int], tuple]  # batch size -> one batch of that many samples, e.g. (x, y)
+Batches = Callable[[int], "tf.data.Dataset"]  # batch size -> batches of that many samples
 Planner = Callable[[list[StepModel]], list[int]]  # every rank's model -> every rank's batch
 
 
-def measure(model: keras.Model, batch_of: Batch, *, batches: Sequence[int], warmup: int = 3,
-            steps: int = 10, before_step: Callable[[int], None] | None = None,
+def measure(model: keras.Model, batches_of: Batches, *, batches: Sequence[int],
+            warmup: int = 3, steps: int = 10, before_step: Callable[[int], None] | None = None,
             sync: Callable[[], object] | None = None,
             step_sync: Callable[[], object] | None = None,
             on_point: Callable[[int, float], None] | None = None) -> tuple[list, list]:
-    """Median seconds per training step at each batch size, on the batches ``batch_of(b)``
+    """Median seconds per training step at each batch size, on the batches ``batches_of(b)``
     gives: ``([[batch, seconds], ...], [step times per batch])``.
 
-    Each size is one ``model.fit`` of ``warmup + steps`` steps on its batch, timed per step:
-    the train step gets its data as ``fit`` gives it (a custom ``train_step`` that unpacks
-    ``(x, y)`` works). The model must be compiled; its weights change. ``before_step(n)`` runs
-    inside each timed step (speed emulation). ``sync()`` runs before each size, so that all
-    ranks time the same size together, under the contention training has (not a slow rank's
-    small batches against the fast ranks' large ones). ``step_sync()`` runs before every step
-    (not timed), as training's exchange does: ranks at different batches then overlap as in
-    training. ``on_point(batch, seconds)`` reports each size when done.
+    Each size is one ``model.fit`` of ``warmup + steps`` steps, timed per step: the train step
+    gets its data as ``fit`` gives it (a custom ``train_step`` that unpacks ``(x, y)`` works).
+    The model must be compiled; its weights change. ``before_step(n)`` runs inside each timed
+    step (speed emulation). ``sync()`` runs before each size, so that all ranks time the same
+    size together, under the contention training has (not a slow rank's small batches
+    against the fast ranks' large ones). ``step_sync()`` runs before every step (not timed),
+    as training's exchange does: ranks at different batches then overlap as in training.
+    ``on_point(batch, seconds)`` reports each size when done. A size given again is timed
+    again, its steps counted as one point.
     """
-    import tensorflow as tf
     from . import compat
-    points, all_times = [], []
+    timed: dict[int, list[float]] = {}
     for batch in batches:
-        data = tf.data.Dataset.from_tensors(batch_of(batch)).repeat()
+        data = batches_of(batch)
         compat.build_for_fit(model, data.element_spec)   # (the step traced once)
         if sync:
             sync()
@@ -86,17 +87,16 @@ def measure(model: keras.Model, batch_of: Batch, *, batches: Sequence[int], warm
                             step_sync)
         model.fit(data, epochs=1, steps_per_epoch=warmup + steps, verbose=0, shuffle=False,
                   callbacks=[clock])
-        points.append([int(batch), statistics.median(clock.times)])
-        all_times.append(clock.times)
+        timed.setdefault(int(batch), []).extend(clock.times)
         if on_point:
-            on_point(*points[-1])
-    return points, all_times
+            on_point(int(batch), statistics.median(clock.times))
+    return [[b, statistics.median(t)] for b, t in timed.items()], list(timed.values())
 
 
 def _step_clock(warmup: int, before: Callable[[], object], step_sync):
     """A Keras callback that times every step after the first ``warmup`` (which also trace
-    the step for this shape): ``before()`` inside the timed interval, ``step_sync()`` (if
-    given) just before it."""
+    the step): ``before()`` inside the timed interval, ``step_sync()`` (if given) just before
+    it."""
     from .compat import keras
 
     class StepClock(keras.callbacks.Callback):

@@ -1,6 +1,7 @@
 #!/usr/bin/env python
-"""The first epoch of a run, arm against arm: how long its fit takes (``time_s``, the
-step's tracing in it; for the adaptive arm ``split_s``, its steps before the first choice),
+"""The first epoch of a run, arm against arm: the probe before it (``probe_s``), how long
+its fit takes (``time_s``, the step's tracing in it; for the
+adaptive arm ``split_s``, its steps before the first choice),
 the wall time up to its end (``elapsed_s``: the start's broadcast too) and the second epoch,
 for the goodput benchmark's task (MNIST-1D 25,000, cnn1d, Adam, 2 epochs) in one of its
 scenarios (default emulated speeds 1,1,2,4 at 0.1 ms per sample).
@@ -33,7 +34,7 @@ from bench.schedule import interleaved
 from bench.tables import markdown, series
 from bench_goodput import TASK, arm_args, mnist1d_data
 
-FIGURES = ("first_epoch_s", "split_s", "first_wall_s", "second_epoch_s")
+FIGURES = ("probe_s", "first_epoch_s", "split_s", "first_wall_s", "second_epoch_s")
 
 
 def parse_arm(text: str, batch: int) -> tuple[str, Path, list[str]]:
@@ -56,8 +57,9 @@ def first_epoch(directory: Path, arm: list[str], scenario: str, data: str) -> di
     with tempfile.TemporaryDirectory() as tmp, placed(placement) as wrap:
         out = Path(tmp) / "run.json"
         run(train_cmd(ranks, args, out, wrap=wrap), cwd=directory, env=QUIET_TF)
-        rows = json.loads(out.read_text())["epochs"]
-    return {"first_epoch_s": rows[0]["time_s"],
+        record = json.loads(out.read_text())
+    rows = record["epochs"]
+    return {"probe_s": record["probe_time_s"], "first_epoch_s": rows[0]["time_s"],
             "split_s": rows[0].get("split", {}).get("time_s", 0.0),
             "first_wall_s": rows[0]["elapsed_s"], "second_epoch_s": rows[1]["time_s"]}
 

@@ -12,7 +12,7 @@ from hetgrad.errors import HetgradError
 
 def test_probe_plan_shard_on_three_ranks(world3):
     res = world3.run("library:run").root
-    for name in ("regression", "two_input"):
+    for name in ("regression", "two_input", "hetgrad_optimizer"):
         r = res[name]
         assert r["same_state"], name       # weights and optimizer slots untouched
         assert r["ranks"] == [0, 1, 2] and r["positive"], r
@@ -20,6 +20,7 @@ def test_probe_plan_shard_on_three_ranks(world3):
         # then each rank timed once at its batch of the plan, its model scaled through it
         assert [len(b) for b in r["refined_at"]] == [1, 1, 1], r
         assert sum(b for (b,) in r["refined_at"]) == 24 and r["through_point"], r
+    assert res["capped_sizes"] == [1, 3, 3], res["capped_sizes"]   # one point, timed 3 times
     assert sum(res["probe_plan"]) == 24
     assert res["tf_data_probe"] == [[0, 3], [1, 3], [2, 3]], res["tf_data_probe"]  # a tf.data set
     assert res["plan"] == {"batches": [3, 7, 14], "last": [1, 1, 2]}  # 4 full steps + 4
@@ -74,3 +75,23 @@ def test_probe_refuses_an_uncompiled_model_or_mismatched_data():
         hk.probe(model, np.zeros((10, 2)), np.zeros(9))
     with pytest.raises(HetgradError, match=r"batches: probe batches must be integers in \[1, 10\]"):
         hk.probe(model, np.zeros((10, 2)), np.zeros(10), batches=[4, 20])
+
+
+def test_the_probe_traces_its_step_once_for_all_its_sizes():
+    """hk.probe's batches have training's shape, the batch size unknown: its 3 sizes run one
+    trace of the step (Keras traced the second size again, then relaxed the shape)."""
+    from hetgrad.compat import keras
+
+    class Traced(keras.Sequential):
+        traces = 0
+
+        def train_step(self, data):
+            Traced.traces += 1   # (Python: runs when the step is traced, not when it runs)
+            return super().train_step(data)
+
+    x = np.random.default_rng(0).normal(size=(200, 5)).astype(np.float32)
+    model = Traced([keras.Input((5,)), keras.layers.Dense(8, activation="tanh"),
+                    keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+    perf = hk.probe(model, x, x.sum(1), global_batch=24, steps=2, warmup=1)
+    assert [b for b, _ in perf[0].points] == [6, 12, 24] and Traced.traces == 1

@@ -12,7 +12,7 @@ from ..errors import HetgradError
 from ..perfmodel import probe_batches
 from ..planning import planner
 from ..probe import ProbeResult, measure, refine as refine_models, share
-from ..data.reader import as_source, first_batch
+from ..data.reader import as_source, first_batch, repeated_batch
 from .optimizer import hetgrad_outermost
 
 
@@ -49,14 +49,15 @@ def probe(model, x, y=None, *, global_batch: int | None = None,
     from ..runtime import init
     comm = init()
     top = min(global_batch or n, max_batch or n, n)
-    sizes = list(batches) if batches else probe_batches(top, global_batch or top, comm.size)
+    sizes = _as_many(comm, list(batches) if batches else
+                     probe_batches(top, global_batch or top, comm.size), timeout)
     if before_step is None:
         before_step = _emulated_pause(comm)
     report = _reporter(comm, sizes, warmup, steps) if verbose else None
 
     def time_at(sizes: Sequence[int], lockstep: bool = False) -> tuple[list, list]:
-        return measure(model, lambda b: first_batch(source, b), batches=sizes, warmup=warmup,
-                       steps=steps, before_step=before_step,
+        return measure(model, lambda b: repeated_batch(source, b), batches=sizes,
+                       warmup=warmup, steps=steps, before_step=before_step,
                        sync=lambda: comm.gather_with_timeout(None, timeout),
                        step_sync=comm.exchange_barrier if lockstep else None, on_point=report)
 
@@ -102,6 +103,13 @@ class _restored:
         self.model.reset_metrics()
         self.model.history = self.history
         return False
+
+
+def _as_many(comm, sizes: list[int], timeout: float) -> list[int]:
+    """``sizes``, the last one again up to as many as any rank times (a memory cap can leave a
+    rank fewer): every rank's gathers per size then pair up."""
+    most = max(comm.gather_with_timeout(len(sizes), timeout))
+    return sizes + sizes[-1:] * (most - len(sizes))
 
 
 class _local_optimizer:

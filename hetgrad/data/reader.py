@@ -91,9 +91,19 @@ def untuned(ds: tf.data.Dataset) -> tf.data.Dataset:
 
 def first_batch(source: Source, size: int, seed: int = 0):
     """``size`` real samples, read and decoded as training reads them (the first global batch
-    of epoch 0 of a one-rank plan): what the probe times."""
-    plan = fixed_plan([size], len(source))
-    return next(iter(rank_batches(source, plan, 0, seed, 0, stop=1)))
+    of epoch 0 of a one-rank plan)."""
+    return next(iter(_first(source, size, seed)))
+
+
+def repeated_batch(source: Source, size: int, seed: int = 0) -> tf.data.Dataset:
+    """:func:`first_batch`'s samples again and again, as a dataset with the element spec of
+    training's batches (the batch size unknown): what the probe times, its step traced once
+    for all its sizes (not once per size)."""
+    return _first(source, size, seed).cache().repeat()
+
+
+def _first(source: Source, size: int, seed: int) -> tf.data.Dataset:
+    return rank_batches(source, fixed_plan([size], len(source)), 0, seed, 0, stop=1)
 
 
 def as_source(x, y=None) -> Source:

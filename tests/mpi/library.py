@@ -60,6 +60,17 @@ def run() -> dict:
     plan = hetgrad.make_plan([1, 2, 4][:size], B, N)  # 5 steps, the last one partial
     res["plan"] = {"batches": plan.batches, "last": plan.last_batches()}
 
+    # a model compiled with hetgrad's optimizer: probed with the optimizer it wraps, all put back
+    dist = regression()
+    dist.compile(optimizer=hk.DistributedOptimizer(keras.optimizers.Adam(0.01), plan=plan),
+                 loss="mse")
+    res["hetgrad_optimizer"], _ = probe_leaves_state(dist, x, y)
+    # rank 0 capped at 2 samples has one size to time, the others three: rank 0 times its one
+    # three times, so that every rank's gathers pair up (they did not before)
+    capped = hk.probe(dist, x, y, global_batch=B, max_batch=2 if rank == 0 else None,
+                      steps=2, warmup=1)
+    res["capped_sizes"] = [len(p.points) for p in capped]
+
     # 3. one epoch of hk.shard + DistributedOptimizer(plan=plan) ...
     model = regression(seed=3)
     model.compile(optimizer=hk.DistributedOptimizer(keras.optimizers.SGD(LR), plan=plan),
