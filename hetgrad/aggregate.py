@@ -90,6 +90,9 @@ class Aggregation:
         # the pass's w_i and b_i, read when it is seeded (the step count moves on before the
         # exchange, and a plan's b_i follows it)
         self.seed = tf.Variable([0.0, 0.0], trainable=False, name="hetgrad_seed")
+        # a step of this rank alone, nothing exchanged: the probe's (it times training's
+        # traced step without the wait for the others, hetgrad._keras.probing)
+        self.alone = tf.Variable(False, trainable=False, name="hetgrad_alone")
 
     @property
     def check_finite(self) -> bool:
@@ -105,6 +108,13 @@ class Aggregation:
                               skip_together=self.reducer.check_local)
         scaled_.idle = self.idle
         return scaled_
+
+    def own_variables(self) -> list[tf.Variable]:
+        """hetgrad's own variables of this exchange (step count, flags, the plan's shares, the
+        timer's, the noise scale's; not a reducer's): what a probe through it puts back."""
+        parts = (self, self.weight, self.timer, self.check, self.noise)
+        return [v for part in parts if part is not None for v in vars(part).values()
+                if isinstance(v, tf.Variable)]
 
     def count_step(self) -> None:
         """One more backward pass taken (every pass, exchanged or accumulated, skipped by a
@@ -137,18 +147,22 @@ class Aggregation:
     def exchange(self, grads: list, variables=None) -> list:
         """The exchanged sum of this rank's weighted ``grads`` (``skip_together``: a step with
         NaN/Inf on any rank gives NaN everywhere, for a loss scale to skip, before a reducer
-        with per-rank state (sparse memory) takes it in)."""
-        if not self.skip_together:
-            out = self._exchange(grads, variables)
-        else:
-            ok = finite_everywhere(grads, getattr(self.reducer, "name", "hetgrad"))
-            present = [g for g in grads if g is not None]
-            kept = variables and [v for g, v in zip(grads, variables) if g is not None]
-            out = _refilled(grads, tf.cond(ok, lambda: [g for g in self._exchange(present, kept)],
-                                           lambda: [g * np.float32(np.nan) for g in present]))
+        with per-rank state (sparse memory) takes it in); in a step :attr:`alone` (the
+        probe's) the ``grads`` themselves, nothing exchanged, checked or timed."""
+        present = [g for g in grads if g is not None]
+        kept = variables and [v for g, v in zip(grads, variables) if g is not None]
+        out = _refilled(grads, tf.cond(self.alone, lambda: list(present),
+                                       lambda: self._together(present, kept)))
         if isinstance(self.weight, SampleWeight):
             self.weight.used()
         return out
+
+    def _together(self, grads: list, variables) -> list:
+        if not self.skip_together:
+            return self._exchange(grads, variables)
+        ok = finite_everywhere(grads, getattr(self.reducer, "name", "hetgrad"))
+        return tf.cond(ok, lambda: list(self._exchange(grads, variables)),
+                       lambda: [g * np.float32(np.nan) for g in grads])
 
     def _exchange(self, grads: list, variables=None) -> list:
         check_before = self.check is not None and self.reducer.check_local

@@ -1,8 +1,9 @@
 """The one way a training run is put together, for ``hetgrad train`` and ``hk.fit`` alike:
 :func:`assemble` turns a checked :class:`~hetgrad.run.RunSpec` into a whole
-:class:`~hetgrad.run.Run` -- the checkpoint to resume (checked against the spec), every rank's
-step model (the checkpoint's, a saved probe's, or timed now on real samples), the plan, the
-model's optimizer wrapped by hetgrad, the checkpointer (restored), and the actions around the
+:class:`~hetgrad.run.Run` -- the checkpoint to resume (checked against the spec), the
+model's optimizer wrapped by hetgrad, every rank's step model (the checkpoint's, a saved
+probe's, or timed now on real samples, through that optimizer's step), the plan, the
+checkpointer (restored), and the actions around the
 epochs in their one order (:data:`ACTION_ORDER`). The front ends only translate their
 arguments into a spec and their results out of the run."""
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import asdict, replace
 
 from . import compat
 from ._keras.counting import count_samples
+from ._keras.found import aggregation_of
 from ._keras.optimizer import DistributedOptimizer, hetgrad_outermost, set_plan
 from ._keras.probing import probe as probe_model
 from ._keras.callbacks import on_this_rank
@@ -25,6 +27,7 @@ from .errors import HetgradError
 from .goodput import BatchChooser
 from .partition import Plan, make_plan
 from .perfmodel import probe_batches
+from .planning import check_plan
 from .probe import ProbeResult
 from .noise import EVERY as GNS_EVERY, check_measurable
 from .observe import Noise, Scalars, Timeline
@@ -33,6 +36,7 @@ from .run import Progress, Run, RunSpec
 from .timeline import Sampler
 from .runtime import init
 from .validate import check_resumed
+from .weights import FixedWeight
 
 # What runs around the epochs, in this order at every hook: the emulated speeds and the
 # watchdog first (they pace and guard everything after them); the sparse exchange's
@@ -53,17 +57,23 @@ def assemble(spec: RunSpec) -> Run:
     comm = init()
     state = _resumed(spec, comm)
     same_world = state is not None and len(state["plan"]["batches"]) == comm.size
-    t0 = time.perf_counter()
-    probed = _probe(spec, comm, state if same_world else None)
-    probe_time = time.perf_counter() - t0
-    plan = Plan(**state["plan"]) if same_world else _plan(
-        replace(spec, global_batch=state["plan"]["global_batch"]) if state else spec,
-        comm.size, probed)
+    planned = replace(spec, global_batch=state["plan"]["global_batch"]) if state else spec
+    # hetgrad's optimizer before the probe, which times (and traces) its step: on equal
+    # speeds' plan until the probe's is known
+    plan = Plan(**state["plan"]) if same_world else _plan(planned, comm.size,
+                                                            [1.0] * comm.size)
     optimizer = _hetgrad_optimizer(spec, plan, comm.rank, comm.size)
     _check_adaptive(spec, optimizer, comm.size)
     if spec.gns or spec.adaptive_batch:
         check_measurable(optimizer, "adaptive_batch" if spec.adaptive_batch else "gns",
                          spec.gns_every or (1 if spec.adaptive_batch else GNS_EVERY))
+    t0 = time.perf_counter()
+    probed = _probe(spec, comm, state if same_world else None)
+    probe_time = time.perf_counter() - t0
+    if not same_world and _planned_by_probe(spec):
+        plan = _plan(planned, comm.size, probed)
+        if not isinstance(aggregation_of(optimizer).weight, FixedWeight):
+            set_plan(optimizer, plan)
     checkpointer = Checkpointer(spec.checkpoint_dir, spec.model, optimizer, comm.rank,
                                 every=spec.checkpoint_every,
                                 state={"probe": [asdict(p) for p in probed],
@@ -173,23 +183,11 @@ def _plan(spec: RunSpec, size: int, probed: list[ProbeResult]) -> Plan:
     """The given plan (checked against this job), else the partitioner on the given speeds or
     the probed models."""
     if spec.plan is not None:
-        _check_plan(spec.plan, size, len(spec.data), spec.global_batch)
+        check_plan(spec.plan, size, len(spec.data), spec.global_batch)
         return spec.plan
     speeds = spec.speeds if spec.speeds is not None else probed
     return make_plan(speeds, spec.global_batch, len(spec.data), min_batch=spec.min_batch,
                      max_batch=spec.max_batch, drop_remainder=spec.drop_remainder)
-
-
-def _check_plan(plan: Plan, size: int, n: int, global_batch: int) -> None:
-    if plan.world_size != size:
-        raise HetgradError(f"the plan is for {plan.world_size} ranks, this job has {size}",
-                           field="plan")
-    if plan.dataset_size != n:
-        raise HetgradError(f"the plan is for {plan.dataset_size} samples, the data has {n}",
-                           field="plan")
-    if plan.global_batch != global_batch:
-        raise HetgradError(f"the plan is for a global batch of {plan.global_batch}, not "
-                           f"{global_batch}", field="plan")
 
 
 def _hetgrad_optimizer(spec: RunSpec, plan: Plan, rank: int, size: int):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from .config import TrainConfig
-from .errors import ConfigError
+from .errors import ConfigError, HetgradError
 from .partition import Plan, equal_plan, make_plan
 from .perfmodel import probe_batches
 
@@ -46,3 +46,16 @@ def probe_sizes(cfg: TrainConfig, rank: int, size: int) -> list[int]:
     cap = cfg.max_batch[rank] if isinstance(cfg.max_batch, list) else cfg.max_batch
     top = min(cfg.probe_batch or cfg.global_batch, cap or cfg.global_batch)
     return probe_batches(top, cfg.global_batch, size, cfg.probe_sizes)
+
+
+def check_plan(plan: Plan, size: int, n: int, global_batch: int) -> None:
+    """A plan given to ``hk.fit`` (``plan=``) checked against the job."""
+    if plan.world_size != size:
+        raise HetgradError(f"the plan is for {plan.world_size} ranks, this job has {size}",
+                           field="plan")
+    if plan.dataset_size != n:
+        raise HetgradError(f"the plan is for {plan.dataset_size} samples, the data has {n}",
+                           field="plan")
+    if plan.global_batch != global_batch:
+        raise HetgradError(f"the plan is for a global batch of {plan.global_batch}, not "
+                           f"{global_batch}", field="plan")

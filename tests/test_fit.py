@@ -30,6 +30,7 @@ def test_fit_on_three_ranks(world3, tmp_path):
     assert res["early_stop_epochs"] == [0, 1]   # every rank stopped after 2 of 6 epochs
     assert res["resumed_epochs"] == [2, 3] and res["resume_err"] < 1e-6
     loss = res["probed_loss"]
+    assert res["traced_before"] >= 1 and res["traced_after"] == res["traced_before"], res
     assert loss[-1] < loss[0] and loss[-1] < 0.5 * res["var_y"]
     printed = "".join(ran.stdout)
     plans = re.findall(r"hetgrad: plan batches \[(\d+), (\d+), (\d+)\]", printed)

@@ -2,6 +2,7 @@
 batches of the user's data, at several batch sizes, and all ranks get every rank's model."""
 from __future__ import annotations
 
+import contextlib
 from typing import Callable, Sequence
 
 import numpy as np
@@ -13,6 +14,10 @@ from ..perfmodel import probe_batches
 from ..planning import planner
 from ..probe import ProbeResult, measure, refine as refine_models, share
 from ..data.reader import as_source, first_batch, repeated_batch
+from ..aggregate import Aggregation
+from ..reducers import DenseReducer
+from ..runtime import init
+from ..weights import SampleWeight
 from .optimizer import hetgrad_outermost
 
 
@@ -32,11 +37,13 @@ def probe(model, x, y=None, *, global_batch: int | None = None,
     ``train_step`` gets ``(x, y)``). ``batches``: the sizes to time; default 3 geometric sizes
     from ``B / (4 P)`` up to the global batch ``B`` (or ``max_batch``, this rank's memory cap).
     The model's weights, its optimizer's state, metrics and history are exactly as before
-    when the probe returns. ``before_step(b)``: called before each timed step (default: the
-    emulated sleep of ``HETGRAD_EMULATE_SPEEDS``, if set). With ``global_batch``, ``refine``
-    rounds then time every rank at its batch of the plan (``min_batch``, every rank's
-    ``max_batch``) and correct its model there (:func:`hetgrad.probe.refine`; default 0:
-    none). ``verbose``: rank 0 says what it times.
+    when the probe returns. With hetgrad's dense ``DistributedOptimizer`` it times the
+    training step itself with the exchange off (each rank alone: ``fit`` then need not trace
+    it again); else a local step. ``before_step(b)``: called before each timed step
+    (default: the emulated sleep of ``HETGRAD_EMULATE_SPEEDS``, if set). With ``global_batch``,
+    ``refine`` rounds then time every rank at its batch of the plan (``min_batch``, every
+    rank's ``max_batch``) and correct its model there (:func:`hetgrad.probe.refine`; default
+    0). ``verbose``: rank 0 says what it times.
     """
     if not compat.is_compiled(model) or getattr(model, "optimizer", None) is None:
         raise HetgradError("compile the model (optimizer and loss) before probing it",
@@ -46,14 +53,16 @@ def probe(model, x, y=None, *, global_batch: int | None = None,
     if batches is not None and any(int(b) != b or not 1 <= b <= n for b in batches):
         raise HetgradError(f"probe batches must be integers in [1, {n}], got {list(batches)}",
                            field="batches")
-    from ..runtime import init
     comm = init()
     top = min(global_batch or n, max_batch or n, n)
     sizes = _as_many(comm, list(batches) if batches else
                      probe_batches(top, global_batch or top, comm.size), timeout)
-    if before_step is None:
-        before_step = _emulated_pause(comm)
+    before_step = _emulated_pause(comm) if before_step is None else before_step
     report = _reporter(comm, sizes, warmup, steps) if verbose else None
+    if not model.built:   # a subclassed model: its variables exist once it is called
+        model(first_batch(source, 1)[0])
+    hetgrad_outermost(model)   # (a loss scale around hetgrad's optimizer goes inside)
+    agg = _aggregation_alone(model)
 
     def time_at(sizes: Sequence[int], lockstep: bool = False) -> tuple[list, list]:
         return measure(model, lambda b: repeated_batch(source, b), batches=sizes,
@@ -61,10 +70,9 @@ def probe(model, x, y=None, *, global_batch: int | None = None,
                        sync=lambda: comm.gather_with_timeout(None, timeout),
                        step_sync=comm.exchange_barrier if lockstep else None, on_point=report)
 
-    if not model.built:   # a subclassed model: its variables exist once it is called
-        model(first_batch(source, 1)[0])
-    hetgrad_outermost(model)   # (a loss scale around hetgrad's optimizer goes inside)
-    with _restored(model), _local_optimizer(model), compat.one_step_per_call(model):
+    with _restored(model, [] if agg is None else agg.own_variables()), \
+            _local_optimizer(model) if agg is None else _alone(agg), \
+            compat.one_step_per_call(model):
         results = share(comm, *time_at(sizes), device or _device(), timeout)
         if global_batch and refine:
             caps = comm.gather_with_timeout(max_batch or global_batch, timeout)
@@ -84,16 +92,18 @@ def _reporter(comm, sizes, warmup: int, steps: int):
 
 
 class _restored:
-    """Put the model's variables, its optimizer's variables, its metrics and its last
-    ``fit``'s history back on exit."""
+    """Put the model's variables, its optimizer's variables, ``extra`` variables (those of
+    hetgrad's exchange), its count of samples, its metrics and its last ``fit``'s history
+    back on exit."""
 
-    def __init__(self, model):
-        self.model = model
+    def __init__(self, model, extra: list):
+        self.model, self.extra = model, extra
 
     def __enter__(self):
         opt = self.model.optimizer
         compat.build_optimizer(opt, self.model.trainable_variables)
-        self.variables = list(self.model.variables) + compat.optimizer_variables(opt)
+        self.variables = (list(self.model.variables) + compat.optimizer_variables(opt)
+                          + self.extra + _counted(self.model))
         self.values = [np.array(v.numpy(), copy=True) for v in self.variables]
         self.history = getattr(self.model, "history", None)
 
@@ -112,10 +122,43 @@ def _as_many(comm, sizes: list[int], timeout: float) -> list[int]:
     return sizes + sizes[-1:] * (most - len(sizes))
 
 
+def _aggregation_alone(model) -> Aggregation | None:
+    """The aggregation whose training step the probe can time :attr:`alone
+    <hetgrad.aggregate.Aggregation.alone>` (nothing exchanged): hetgrad's dense exchange of
+    one backward pass per step without a loss scale, whose own state the probe puts back
+    (:meth:`~hetgrad.aggregate.Aggregation.own_variables`). The step is then traced once for
+    the probe and the training (a second trace took most of the first epoch's excess,
+    docs/results.md). None otherwise: a step of its own (:class:`_local_optimizer`)."""
+    opt = model.optimizer
+    agg = getattr(opt, "hetgrad", None)
+    if (agg is None or agg.timer is None
+            or type(agg.reducer) is not DenseReducer or compat.is_loss_scale_optimizer(opt)
+            or getattr(opt, "_hetgrad_passes", 1) > 1
+            or isinstance(agg.weight, SampleWeight) and not agg.weight.fused):
+        return None   # (an unfused count's allreduce would make the steps wait for all)
+    return agg
+
+
+@contextlib.contextmanager
+def _alone(agg: Aggregation):
+    """Within: ``agg``'s steps exchange nothing (the rank's own gradients are applied)."""
+    agg.alone.assign(True)
+    try:
+        yield
+    finally:
+        agg.alone.assign(False)
+
+
+def _counted(model) -> list:
+    """The model's count of samples trained (:mod:`.counting`), if it counts them."""
+    counter = getattr(model, "_hetgrad_epoch_samples", None)
+    return [counter.var] if counter is not None else []
+
+
 class _local_optimizer:
     """Within: a model compiled with hetgrad's optimizer is compiled with a copy of the
-    optimizer it wraps (a probe step is this rank's compute alone: an exchange would make
-    every rank wait for the slowest), and with hetgrad's again on exit."""
+    optimizer it wraps (where its own step cannot run alone, :func:`_aggregation_alone`),
+    and with hetgrad's again on exit."""
 
     def __init__(self, model):
         self.model = model

@@ -43,8 +43,8 @@ def fit(model, x, y=None, *, global_batch: int, epochs: int, validation_data=Non
     ``hetgrad data convert`` (or its :class:`~hetgrad.data.Source`), or a finite
     ``tf.data.Dataset``, visited in one global order that no world size or plan changes (the
     last ``N mod B`` samples a smaller final step, or left out with ``drop_remainder``).
-    Probes the model on every rank (unless ``plan`` is given), plans, wraps its optimizer in
-    :func:`DistributedOptimizer` with the plan's weights, recompiles, and trains with
+    Wraps its optimizer in :func:`DistributedOptimizer` and recompiles, probes the model on
+    every rank through it (unless ``plan`` is given), gives it the plan's weights, trains with
     rebalancing (``rebalance``), Keras ``callbacks`` (they see one ``fit``, metrics averaged
     over ranks; those that write files run on rank 0 only; early stopping stops every rank; a
     ``BackupAndRestore`` becomes hk.fit's checkpoints), ``validation_data`` scored on every

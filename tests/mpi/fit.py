@@ -23,10 +23,10 @@ def run(ckpt: str) -> dict:
     plan = hetgrad.make_plan([1, 2, 4][:size], B, N)
     res = {}
 
-    def compiled(seed=3, steps_per_execution=1):
+    def compiled(seed=3, steps_per_execution=1, cls=keras.Sequential):
         keras.utils.set_random_seed(seed)
-        model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(8, activation="tanh"),
-                                  keras.layers.Dense(1)])
+        model = cls([keras.Input((5,)), keras.layers.Dense(8, activation="tanh"),
+                     keras.layers.Dense(1)])
         model.compile(optimizer=keras.optimizers.SGD(LR, momentum=0.5), loss="mse", metrics=["mae"],
                       steps_per_execution=steps_per_execution)
         return model
@@ -96,10 +96,21 @@ def run(ckpt: str) -> dict:
 
     # 4. probed plan (emulated speeds from the environment), rebalancing, progress on rank 0,
     # observed (TensorBoard scalars and the timeline next to ``ckpt``; the timeline given on
-    # rank 0 only, Horovod's habit for its HOROVOD_TIMELINE)
-    probed = compiled()
+    # rank 0 only, Horovod's habit for its HOROVOD_TIMELINE); the probe traced the step the
+    # training runs (nothing traced after the probe)
+    class Traced(keras.Sequential):
+        traces = 0
+
+        def train_step(self, data):
+            Traced.traces += 1   # (Python: runs when the step is traced, not when it runs)
+            return super().train_step(data)
+
+    traced = keras.callbacks.LambdaCallback(
+        on_train_begin=lambda logs: res.update(traced_before=Traced.traces),
+        on_train_end=lambda logs: res.update(traced_after=Traced.traces))
+    probed = compiled(cls=Traced)
     hist = hk.fit(probed, x, y, global_batch=B, epochs=3, tensorboard=f"{ckpt}-tb",
-                  timeline=f"{ckpt}-timeline.json" if rank == 0 else None)
+                  timeline=f"{ckpt}-timeline.json" if rank == 0 else None, callbacks=[traced])
     res["probed_loss"] = hist.history["loss"]
     res["probed_agree"] = agree(probed)
     res["var_y"] = float(np.var(y))

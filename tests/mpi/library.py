@@ -8,6 +8,7 @@ import tensorflow as tf
 
 import hetgrad
 import hetgrad.keras as hk
+from hetgrad._keras.found import aggregation_in
 from hetgrad.compat import keras, optimizer_variables
 from regression_problem import B, LR, N, regression_data  # tests/mpi/
 
@@ -25,7 +26,10 @@ def run() -> dict:
                                  keras.layers.Dense(1)])
 
     def state(model):
-        return [v.numpy().copy() for v in model.variables + optimizer_variables(model.optimizer)]
+        agg = aggregation_in(model.optimizer)   # hetgrad's own: its step count, plan shares..
+        own = agg.own_variables() if agg is not None else []
+        return [v.numpy().copy()
+                for v in model.variables + optimizer_variables(model.optimizer) + own]
 
     def probe_leaves_state(model, xs, ys):
         """hk.probe's points and that weights and optimizer state are exactly as before."""
@@ -60,7 +64,7 @@ def run() -> dict:
     plan = hetgrad.make_plan([1, 2, 4][:size], B, N)  # 5 steps, the last one partial
     res["plan"] = {"batches": plan.batches, "last": plan.last_batches()}
 
-    # a model compiled with hetgrad's optimizer: probed with the optimizer it wraps, all put back
+    # a model compiled with hetgrad's optimizer: probed on its own step alone, all put back
     dist = regression()
     dist.compile(optimizer=hk.DistributedOptimizer(keras.optimizers.Adam(0.01), plan=plan),
                  loss="mse")
