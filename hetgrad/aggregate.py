@@ -150,12 +150,22 @@ class Aggregation:
         with per-rank state (sparse memory) takes it in); in a step :attr:`alone` (the
         probe's) the ``grads`` themselves, nothing exchanged, checked or timed."""
         present = [g for g in grads if g is not None]
+        if getattr(self.reducer, "sparse_as_dense", False):   # (both branches give dense)
+            present = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
+                       for g in present]
         kept = variables and [v for g, v in zip(grads, variables) if g is not None]
-        out = _refilled(grads, tf.cond(self.alone, lambda: list(present),
+        out = _refilled(grads, tf.cond(self.alone, lambda: self._alone(present),
                                        lambda: self._together(present, kept)))
         if isinstance(self.weight, SampleWeight):
             self.weight.used()
         return out
+
+    def _alone(self, grads: list) -> list:
+        """This rank's own gradients, as the exchange would scale them (a fused count's
+        ``n_i`` divided out)."""
+        if not self.weight.fused:
+            return list(grads)
+        return scaled(grads, tf.math.divide_no_nan(1.0, self.weight.local_count()))
 
     def _together(self, grads: list, variables) -> list:
         if not self.skip_together:
