@@ -37,9 +37,9 @@ def probe(model, x, y=None, *, global_batch: int | None = None,
     ``train_step`` gets ``(x, y)``). ``batches``: the sizes to time; default 3 geometric sizes
     from ``B / (4 P)`` up to the global batch ``B`` (or ``max_batch``, this rank's memory cap).
     The model's weights, its optimizer's state, metrics and history are exactly as before
-    when the probe returns. With hetgrad's dense ``DistributedOptimizer`` it times the
-    training step itself with the exchange off (each rank alone: ``fit`` then need not trace
-    it again); else a local step. ``before_step(b)``: called before each timed step
+    when the probe returns. With hetgrad's ``DistributedOptimizer`` (dense, one pass per
+    step, no loss scale) it times the training step itself with the exchange off (each rank
+    alone: ``fit`` then need not trace it again); else a local step. ``before_step(b)``: called before each timed step
     (default: the emulated sleep of ``HETGRAD_EMULATE_SPEEDS``, if set). With ``global_batch``,
     ``refine`` rounds then time every rank at its batch of the plan (``min_batch``, every
     rank's ``max_batch``) and correct its model there (:func:`hetgrad.probe.refine`; default
