@@ -39,8 +39,9 @@ def probe(model, x, y=None, *, global_batch: int | None = None,
     The model's weights, its optimizer's state, metrics and history are exactly as before
     when the probe returns. With hetgrad's ``DistributedOptimizer`` (dense, one pass per
     step, no loss scale) it times the training step itself with the exchange off (each rank
-    alone: ``fit`` then need not trace it again); else a local step. ``before_step(b)``: called before each timed step
-    (default: the emulated sleep of ``HETGRAD_EMULATE_SPEEDS``, if set). With ``global_batch``,
+    alone: ``fit`` then need not trace it again); else a local step. ``before_step(b)``:
+    called before each timed step (default: the emulated sleep of
+    ``HETGRAD_EMULATE_SPEEDS``, if set). With ``global_batch``,
     ``refine`` rounds then time every rank at its batch of the plan (``min_batch``, every
     rank's ``max_batch``) and correct its model there (:func:`hetgrad.probe.refine`; default
     0). ``verbose``: rank 0 says what it times.
@@ -131,8 +132,8 @@ def _aggregation_alone(model) -> Aggregation | None:
     docs/results.md). None otherwise: a step of its own (:class:`_local_optimizer`)."""
     opt = model.optimizer
     agg = getattr(opt, "hetgrad", None)
-    if (agg is None or agg.timer is None
-            or type(agg.reducer) is not DenseReducer or compat.is_loss_scale_optimizer(opt)
+    if (agg is None or type(agg.reducer) is not DenseReducer
+            or compat.is_loss_scale_optimizer(opt)
             or getattr(opt, "_hetgrad_passes", 1) > 1
             or isinstance(agg.weight, SampleWeight) and not agg.weight.fused):
         return None   # (an unfused count's allreduce would make the steps wait for all)
