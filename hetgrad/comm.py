@@ -132,8 +132,9 @@ class MPIComm(Comm):
     def gather_with_timeout(self, obj, timeout, field="probe_timeout", tag=7301):
         if self.size == 1:
             return [obj]
-        if self.rank != 0:
+        if self.rank != 0:   # (waits idle: the probe's faster ranks wait here for the others)
             self.comm.send(obj, dest=0, tag=tag)
+            _idle_until(self.comm.Ibarrier())   # rank 0 joins once it has every object
             return self.comm.bcast(None, root=0)
         reqs = {r: self.comm.irecv(source=r, tag=tag) for r in range(1, self.size)}
         got = {0: obj}
@@ -144,10 +145,22 @@ class MPIComm(Comm):
                 if done:
                     got[r] = value
                     del reqs[r]
-            time.sleep(0.01)
+            time.sleep(POLL_S)
         if reqs:
             raise _timeout_error(sorted(reqs), timeout, field)
+        _idle_until(self.comm.Ibarrier())
         return self.comm.bcast([got[r] for r in range(self.size)], root=0)
+
+
+POLL_S = 0.002   # how often a rank waiting idle looks again
+
+
+def _idle_until(request) -> None:
+    """Wait for an MPI request off the core: MPI's blocking calls spin while they wait, and
+    where ranks share cores a spinning rank slows those still computing (the probe timed
+    their steps with the waiting ranks' spin in them)."""
+    while not request.Test():
+        time.sleep(POLL_S)
 
 
 class HorovodComm(Comm):

@@ -1,8 +1,9 @@
 #!/usr/bin/env python
 """The first epoch of a run, arm against arm: the probe before it (``probe_s``), how long
-its fit takes (``time_s``, the step's tracing in it; for the
-adaptive arm ``split_s``, its steps before the first choice),
-the wall time up to its end (``elapsed_s``: the start's broadcast too) and the second epoch,
+its fit takes (``time_s``; the step's tracing in it where the probe did not trace it; for
+the adaptive arm ``split_s``, its steps before the first choice),
+the wall time up to its end (``elapsed_s``: the start's broadcast too), the second epoch
+(the plan's quality: the per-rank ``batches`` are recorded too),
 for the goodput benchmark's task (MNIST-1D 25,000, cnn1d, Adam, 2 epochs) in one of its
 scenarios (default emulated speeds 1,1,2,4 at 0.1 ms per sample).
 
@@ -61,7 +62,8 @@ def first_epoch(directory: Path, arm: list[str], scenario: str, data: str) -> di
     rows = record["epochs"]
     return {"probe_s": record["probe_time_s"], "first_epoch_s": rows[0]["time_s"],
             "split_s": rows[0].get("split", {}).get("time_s", 0.0),
-            "first_wall_s": rows[0]["elapsed_s"], "second_epoch_s": rows[1]["time_s"]}
+            "first_wall_s": rows[0]["elapsed_s"], "second_epoch_s": rows[1]["time_s"],
+            "batches": record["plan"]["batches"]}
 
 
 def main() -> None:

@@ -3,6 +3,8 @@ hk.shard + DistributedOptimizer(plan=plan) over a whole epoch vs one process.
 (the case ``library:run`` of a test world, tests/world.py).
 """
 
+import time
+
 import numpy as np
 import tensorflow as tf
 
@@ -105,3 +107,16 @@ def run() -> dict:
                                zip(got, comm.bcast(got if rank == 0 else None, root=0)))
 
     return res
+
+
+def idle_wait(delay: float = 1.0) -> dict:
+    """The CPU time of each rank's thread in a timed gather (the probe's) that rank 0 joins
+    ``delay`` seconds late: the ranks that wait must not spin on a core (MPI's blocking calls
+    do), or where ranks share cores they slow those still timing their steps."""
+    comm = hetgrad.init()
+    comm.barrier()
+    if comm.rank == 0:
+        time.sleep(delay)
+    wall, cpu = time.perf_counter(), time.thread_time()
+    got = comm.gather_with_timeout(comm.rank, timeout=60.0)
+    return {"got": got, "wall_s": time.perf_counter() - wall, "cpu_s": time.thread_time() - cpu}
