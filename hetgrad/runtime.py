@@ -10,7 +10,8 @@ import traceback
 from contextlib import contextmanager
 from typing import Callable, TypeVar
 
-from .comm import Comm, LocalComm, MPIComm, connect
+from .comm import Comm, LocalComm, MPIComm
+from .comm_gloo import HorovodComm
 from .launcher import gloo_launch, launched, mpirun_launch, rank_and_size
 from .config import check_value
 from .errors import AgreedError, ConfigError, HetgradError, Interrupted
@@ -76,6 +77,26 @@ def forget() -> None:
     _WORLD = None
     from .tape import forget_aggregations
     forget_aggregations()
+
+
+def connect() -> Comm:
+    """Start Horovod (and MPI unless on Gloo) and return the control channel of its world."""
+    import horovod.tensorflow as hvd
+    if gloo_launch():
+        hvd.init()
+        return HorovodComm()
+    comm = MPIComm()  # MPI first (thread-multiple), then Horovod joins the same world
+    hvd.init()
+    check_same_world(comm.size, hvd.size())
+    return comm
+
+
+def check_same_world(mpi_size: int, horovod_size: int) -> None:
+    """Refuse to run when MPI's world and Horovod's world disagree (a launcher mix-up)."""
+    if mpi_size != horovod_size:
+        raise HetgradError(
+            f"MPI's world has {mpi_size} rank(s) but Horovod's has {horovod_size}: launch "
+            "with mpirun/srun/horovodrun, or with horovodrun --gloo (HOROVOD_CONTROLLER=gloo)")
 
 
 def control(threads: int = 1, device: str = "cpu") -> Comm:

@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from hetgrad.comm import check_same_world
+from hetgrad.runtime import check_same_world
 from hetgrad.errors import HetgradError
 
 from conftest import LAUNCHERS, MPI_DIR, TRAIN_ARMS, read_json, run_mpi, train_arm
@@ -79,7 +79,7 @@ class _Stuck:
 
 
 def test_timed_allgather_without_a_rendezvous_store_gives_up():
-    from hetgrad.comm import _allgather_within
+    from hetgrad.comm_gloo import _allgather_within
     from hetgrad.errors import PeerTimeoutError
     assert _allgather_within(_Stuck(0.0), 7, timeout=5, field="probe_timeout") == [7, 7]
     with pytest.raises(PeerTimeoutError, match="probe_timeout: some rank did not report"):
