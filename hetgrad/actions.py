@@ -111,16 +111,18 @@ class Balance(Action):
         timer = job.aggregation.timer
         return [keras.callbacks.LambdaCallback(on_epoch_begin=lambda e, logs: timer.start())]
 
+    def on_epoch_begin(self, job, epoch):
+        # the training step already traced (the probe ran it; an earlier fit): the epoch's
+        # timings are the ranks' speeds, not a trace's
+        self.rebalancer.traced |= getattr(job.model, "train_function", None) is not None
+
     def on_split(self, job, epoch, row):   # the fit's timings (the choice's exchange time)
         row.update(zip(("busy_s", "wait_s"), job.aggregation.timer.read()))
 
     def on_epoch_end(self, job, epoch, row):
         self.on_split(job, epoch, row)
         if job.progress.stopped_at_step or job.progress.first_step:
-            # a partial epoch: its timings are not an epoch's (a split one's rest traced
-            # the step at its plan: the next epoch's are)
-            self.rebalancer.traced |= job.progress.continued
-            return
+            return   # a partial epoch: its timings are not an epoch's
         new = self.rebalancer.after_epoch(epoch, job.plan, row["busy_s"], row["wait_s"])
         if new is job.plan:
             return

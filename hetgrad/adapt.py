@@ -98,7 +98,7 @@ class AdaptiveBatch(Action):
                 or balance.epoch != epoch + 1 or epoch + 1 == job.spec.epochs
                 or (balance.warmup and balance.predicted_step_s is None)):
             return   # no estimate yet, no epoch measured (a partial one), none left, or
-            #          a first epoch (tracing) and no step models in seconds to go by
+            #          an epoch that traced the step and no step models in seconds
         models = [m.model() for m in self.rebalancer.online]
         choice = None
         if job.rank == 0:   # (its step times and its measured ones: rank 0's alone)
@@ -167,7 +167,8 @@ class AdaptiveBatch(Action):
         at (the epoch's wall time over its steps: everything a step costs); elsewhere the
         slowest rank's model time of the batch's equal-time plan plus the exchange (the
         slowest rank's wait), scaled by how far that prediction misses at the current batch.
-        A process's first epoch (its steps' tracing) is not a measurement: the models alone."""
+        An epoch that traced the step (a process's first, unless the probe ran the step) is
+        not a measurement: the models alone."""
         now = plan.global_batch
         if not balance.warmup:
             self.measured[now] = row["time_s"] / plan.steps_per_epoch

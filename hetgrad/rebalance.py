@@ -35,7 +35,8 @@ class EpochBalance:
     #                                        model in seconds yet, e.g. planned on --speeds)
     imbalance: float               # max(busy) / mean(busy) - 1
     batches: list[int]             # the plan used in that epoch
-    warmup: bool = False           # first epoch of a process: measured, never acted on
+    warmup: bool = False           # it traced the step (a process's first epoch, unless
+    #                                the probe ran the step): measured, never acted on
     scales: list[float] | None = None    # each rank's model correction after this epoch
     noise: float = 0.0             # typical epoch-to-epoch change of a rank's step time
     predicted_gain: float = 0.0    # old plan's predicted epoch time / the candidate's - 1
@@ -85,7 +86,9 @@ class Rebalancer:
 
     ``comm`` needs only ``allgather``. ``models``: the probe's step models (None: constant
     models from the plan's speeds). With ``threshold=None`` it only measures. The first epoch
-    it sees is only recorded: it holds the step's tracing and warm-up, not the ranks' speeds.
+    it sees is only recorded, unless :attr:`traced` says the step was traced before it (by
+    the probe, which times training's own step): else it holds the tracing, not the ranks'
+    speeds.
     """
 
     def __init__(self, comm, *, models: Sequence[StepModel] | None = None,
@@ -99,7 +102,7 @@ class Rebalancer:
         self.drop_remainder = drop_remainder
         self.online = [OnlineModel(m) for m in models] if models is not None else None
         self.history: list[EpochBalance] = []
-        self.traced = False   # the step traced in a fit no entry records (a split epoch's rest)
+        self.traced = False   # the step traced before the first epoch recorded
 
     def after_epoch(self, epoch: int, plan: Plan, busy_s: float, wait_s: float) -> Plan:
         """Gather every rank's timing for ``epoch`` (0-based) and return the plan for the next."""

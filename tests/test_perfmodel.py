@@ -216,6 +216,8 @@ def test_probe_record_and_per_rank_timers_on_two_ranks(world2, tmp_path):
     """Rank 1 emulated 4x faster; mode uneven-avg (a baseline) is timed like weighted."""
     rec = world2.run("training:train", mode="uneven-avg", emulate_speeds="1,4", probe_refine=1,
                      emulate_unit=2e-3, epochs=3, quiet=True, out=str(tmp_path / "run.json")).root
+    # the probe ran (and traced) training's own step: the first epoch is a measurement
+    assert [e["warmup"] for e in rec["balance"]] == [False, False, False]
     for entry in rec["probe"]:
         assert [b for b, _ in entry["points"]] == [12, 34, 96]  # B / (4 P) .. B
         assert entry["fixed_s"] >= 0

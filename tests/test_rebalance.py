@@ -39,6 +39,13 @@ def test_slow_rank_gets_a_batch_proportional_to_its_measured_speed():
     assert 2.5 < e.predicted_speedup < 3.0
 
 
+def test_a_first_epoch_that_traced_nothing_is_measured_and_acted_on():
+    r = Rebalancer(Gathered([(1.0, 3.0), (4.0, 0.0), (1.0, 3.0)]), threshold=0.1)
+    r.traced = True   # the probe ran training's step (hetgrad.actions.Balance)
+    new = r.after_epoch(0, PLAN, 0.0, 0.0)
+    assert not r.history[0].warmup and r.history[0].replanned and new.batches[1] in (10, 11)
+
+
 def test_balanced_or_measure_only_keeps_the_plan():
     r = Rebalancer(Gathered([(1.0, 0.1), (1.05, 0.05), (0.98, 0.1)]), threshold=0.1)
     r.after_epoch(0, PLAN, 0, 0)
@@ -88,7 +95,8 @@ def test_rebalance_moves_work_off_the_slowed_rank(slowdown_runs):
     rec = slowdown_runs["rebalance"]
     bal = rec["balance"]
     assert [e["epoch"] for e in bal] == [1, 2, 3, 4]
-    assert bal[0]["warmup"] and not bal[0]["replanned"] and not bal[1]["replanned"]
+    # (hetgrad train always probes: the probe traced the step, its first epoch measures)
+    assert not bal[0]["warmup"] and not bal[0]["replanned"] and not bal[1]["replanned"]
     assert bal[2]["replanned"] and bal[2]["imbalance"] > 0.5
     new = bal[2]["new_batches"]
     assert new[1] < 0.5 * 32 and sum(new) == 96

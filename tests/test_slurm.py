@@ -256,6 +256,9 @@ def test_train_sbatch_requeued_resubmitted_and_uninterrupted_agree(slurm, world3
     world3.run("training:train", epochs=epochs, emulate_speeds="1,2,4", quiet=True,
                plan=str(job_dir / "plan.json"), probe_file=str(job_dir / "probe.json"),
                checkpoint_dir=str(ref), out=str(tmp_path / "uninterrupted.json"))
+    # a saved probe, none run: the first epoch traced the step, so it only warms up
+    assert [e["warmup"] for e in json.loads((tmp_path / "uninterrupted.json").read_text())[
+        "balance"]] == [True] + [False] * (epochs - 1)
     with np.load(job_dir / "ckpt/final_weights.npz") as a, \
             np.load(ref / "final_weights.npz") as b:
         assert a.files == b.files
