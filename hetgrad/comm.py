@@ -129,21 +129,19 @@ class MPIComm(Comm):
         if self.size == 1:
             return [obj]
         if self.rank != 0:   # (waits idle: the probe's faster ranks wait here for the others)
-            self.comm.send(obj, dest=0, tag=tag)
+            _idle_until(self.comm.isend(obj, dest=0, tag=tag))   # (a large one waits for 0)
             _idle_until(self.comm.Ibarrier())   # rank 0 joins once it has every object
             return self.comm.bcast(None, root=0)
-        reqs = {r: self.comm.irecv(source=r, tag=tag) for r in range(1, self.size)}
-        got = {0: obj}
-        deadline = time.monotonic() + timeout
-        while reqs and time.monotonic() < deadline:
-            for r, req in list(reqs.items()):
-                done, value = req.test()
-                if done:
-                    got[r] = value
-                    del reqs[r]
+        got, deadline = {0: obj}, time.monotonic() + timeout
+        while len(got) < self.size and time.monotonic() < deadline:
+            for r in set(range(1, self.size)) - set(got):
+                message = self.comm.improbe(source=r, tag=tag)
+                if message is not None:   # (received whatever its size: an irecv holds 32 KiB)
+                    got[r] = message.recv()
             time.sleep(POLL_S)
-        if reqs:
-            raise timeout_error(sorted(reqs), timeout, field)
+        missing = sorted(set(range(self.size)) - set(got))
+        if missing:
+            raise timeout_error(missing, timeout, field)
         _idle_until(self.comm.Ibarrier())
         return self.comm.bcast([got[r] for r in range(self.size)], root=0)
 

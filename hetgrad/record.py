@@ -27,7 +27,7 @@ def build_record(*, config: dict, world_size: int, device: str, controller: str,
     """Summaries over ``epochs`` (rank 0's rows, with its test scores) and the raw inputs.
 
     ``samples_per_s`` is the samples trained per epoch over the median epoch time (without
-    the first epoch, which traces the step, when there are more);
+    the first epoch, which traces the step where the probe did not, when there are more);
     ``throughput_efficiency`` divides it by the sum of the probed rates (what perfect balance
     with no communication would reach). ``ranks``: where each rank ran
     (:func:`hetgrad.placement.here`). ``timeline``: the sampled steps' spans

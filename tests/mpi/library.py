@@ -109,14 +109,16 @@ def run() -> dict:
     return res
 
 
-def idle_wait(delay: float = 1.0) -> dict:
-    """The CPU time of each rank's thread in a timed gather (the probe's) that rank 0 joins
-    ``delay`` seconds late: the ranks that wait must not spin on a core (MPI's blocking calls
-    do), or where ranks share cores they slow those still timing their steps."""
+def idle_wait(delay: float = 1.0, size: int = 100_000) -> dict:
+    """The CPU time of each rank's thread in a timed gather (the probe's) of ``size`` bytes a
+    rank (beyond MPI's eager sends) that rank 0 joins ``delay`` seconds late: the ranks that
+    wait must not spin on a core (MPI's blocking calls do), or where ranks share cores they
+    slow those still timing their steps."""
     comm = hetgrad.init()
     comm.barrier()
     if comm.rank == 0:
         time.sleep(delay)
     wall, cpu = time.perf_counter(), time.thread_time()
-    got = comm.gather_with_timeout(comm.rank, timeout=60.0)
-    return {"got": got, "wall_s": time.perf_counter() - wall, "cpu_s": time.thread_time() - cpu}
+    got = comm.gather_with_timeout((comm.rank, bytes(size)), timeout=60.0)
+    return {"got": [(r, len(b)) for r, b in got], "wall_s": time.perf_counter() - wall,
+            "cpu_s": time.thread_time() - cpu}
