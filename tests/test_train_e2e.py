@@ -47,6 +47,10 @@ def test_steps_per_execution_trains_the_same_model(world2, tmp_path):
             for k in (1, 4)}
     assert recs[4]["config"]["steps_per_execution"] == 4
     assert recs[4]["plan"]["steps_per_epoch"] == 15
+    # the probe ran training's step at one per call: with 4 per call the first epoch traces
+    # the step anew and only warms up; with 1 it is measured (hetgrad.actions.Balance)
+    assert [[e["warmup"] for e in recs[k]["balance"]] for k in (1, 4)] == [[False, False],
+                                                                         [True, False]]
     for one, four in zip(recs[1]["epochs"], recs[4]["epochs"], strict=True):
         for key in ("loss", "test_loss", "test_accuracy"):
             assert four[key] == pytest.approx(one[key], rel=1e-5, abs=1e-7), key
