@@ -17,7 +17,10 @@ def test_ranks_waiting_in_the_probes_gather_leave_the_cores_to_the_others(world3
 
 
 def test_probe_plan_shard_on_three_ranks(world3):
-    res = world3.run("library:run").root
+    run = world3.run("library:run")
+    res = run.root
+    # rank 0, capped at 2 samples, times its one size three times and says it once
+    assert "timing batch sizes [2] (rank 0's)" in run.stdout[0], run.stdout[0]
     for name in ("regression", "two_input", "hetgrad_optimizer"):
         r = res[name]
         assert r["same_state"], name       # weights and optimizer slots untouched

@@ -86,8 +86,8 @@ def _reporter(comm, sizes, warmup: int, steps: int):
     """Rank 0 says what the probe times, then each size's step time (None elsewhere)."""
     if comm.rank != 0:
         return None
-    print(f"hetgrad: probe: timing batch sizes {list(sizes)} (rank 0's) on {comm.size} ranks, "
-          f"{warmup} warm-up + {steps} steps each", flush=True)
+    print(f"hetgrad: probe: timing batch sizes {list(dict.fromkeys(sizes))} (rank 0's) on "
+          f"{comm.size} ranks, {warmup} warm-up + {steps} steps each", flush=True)
     return lambda b, t: print(f"hetgrad: probe: batch {b}: {1e3 * t:.1f} ms/step on rank 0",
                               flush=True)
 

@@ -58,7 +58,7 @@ def run() -> dict:
     xd = {"a": x, "b": rng.normal(size=(N, 3)).astype(np.float32)}
     res["two_input"], _ = probe_leaves_state(two, xd, y)
     from_ds = hk.probe(reg, tf.data.Dataset.from_tensor_slices((x, y)), global_batch=B,
-                       steps=2, warmup=1)   # what hk.shard takes, hk.probe takes
+                       steps=2, warmup=1, verbose=True)   # what hk.shard takes, hk.probe takes
     res["tf_data_probe"] = [[p.rank, len(p.points)] for p in from_ds]
 
     # 2. the plan from the probe; a fixed plan for the exactness check (speeds 1, 2, 4)
@@ -74,7 +74,7 @@ def run() -> dict:
     # rank 0 capped at 2 samples has one size to time, the others three: rank 0 times its one
     # three times, so that every rank's gathers pair up (they did not before)
     capped = hk.probe(dist, x, y, global_batch=B, max_batch=2 if rank == 0 else None,
-                      steps=2, warmup=1)
+                      steps=2, warmup=1, verbose=True)
     res["capped_sizes"] = [len(p.points) for p in capped]
 
     # 3. one epoch of hk.shard + DistributedOptimizer(plan=plan) ...
