@@ -16,7 +16,7 @@ from dataclasses import asdict, replace
 from . import compat
 from ._keras.counting import count_samples
 from ._keras.found import aggregation_of
-from ._keras.optimizer import DistributedOptimizer, hetgrad_outermost, set_plan
+from ._keras.optimizer import DistributedOptimizer, hetgrad_outermost, start_plan
 from ._keras.probing import probe as probe_model
 from ._keras.callbacks import on_this_rank
 from .adapt import AdaptiveBatch
@@ -72,8 +72,7 @@ def assemble(spec: RunSpec) -> Run:
     probe_time = time.perf_counter() - t0
     if not same_world and _planned_by_probe(spec):
         plan = _plan(planned, comm.size, probed)
-        if not isinstance(aggregation_of(optimizer).weight, FixedWeight):
-            set_plan(optimizer, plan)
+        start_plan(optimizer, plan)
     checkpointer = Checkpointer(spec.checkpoint_dir, spec.model, optimizer, comm.rank,
                                 every=spec.checkpoint_every,
                                 state={"probe": [asdict(p) for p in probed],
@@ -97,6 +96,11 @@ def _check_adaptive(spec: RunSpec, optimizer, size: int) -> None:
     CLI's flags are checked before TensorFlow)."""
     if spec.gns_every is not None and spec.gns_every < 1:
         raise HetgradError(f"must be >= 1, got {spec.gns_every}", field="gns_every")
+    replans = "adaptive_batch" if spec.adaptive_batch else (
+        "rebalance" if spec.rebalance_threshold is not None else None)
+    if replans and isinstance(aggregation_of(optimizer).weight, FixedWeight):
+        raise HetgradError("a fixed weight (the plain average, or a float) cannot follow a new "
+                           "plan: weigh by 'plan' or 'samples'", field=replans)
     if not spec.adaptive_batch:
         return
     if spec.sparsify is not None:
@@ -200,7 +204,7 @@ def _hetgrad_optimizer(spec: RunSpec, plan: Plan, rank: int, size: int):
         if spec.sparsify is not None:
             raise HetgradError("the model's optimizer is already hetgrad's: give it sparsify= "
                                "there", field="sparsify")
-        set_plan(opt, plan)
+        start_plan(opt, plan)
     else:
         weight = 1.0 / size if spec.weight == "average" else spec.weight
         opt = DistributedOptimizer(opt, weight=weight, plan=plan, rank=rank,

@@ -102,6 +102,16 @@ def test_fit_errors_name_the_argument(tmp_path):
         hk.fit(compiled(), x, y, global_batch=4, epochs=1, adaptive_batch=(4, 16))
     with pytest.raises(HetgradError, match="gns_every: must be >= 1, got 0"):
         hk.fit(compiled(), x, y, global_batch=4, epochs=1, gns=True, gns_every=0)
+    # the user's own hetgrad optimizer with a float weight: kept as given (it raised at the
+    # start before), refused up front where a re-plan would have to move it
+    fixed = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    fixed.compile(optimizer=hk.DistributedOptimizer(keras.optimizers.SGD(0.1), weight=1.0),
+                  loss="mse")
+    with pytest.raises(HetgradError, match="rebalance: a fixed weight .* cannot follow a new "
+                                           "plan"):
+        hk.fit(fixed, x, y, global_batch=4, epochs=1, verbose=0)
+    assert len(hk.fit(fixed, x, y, global_batch=4, epochs=1, verbose=0,
+                      rebalance=False).history["loss"]) == 1
 
 
 def test_the_epoch_clock_leaves_validation_apart():

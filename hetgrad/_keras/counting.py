@@ -29,6 +29,12 @@ def epoch_samples(model) -> tf.Variable:
     return model._hetgrad_epoch_samples.var
 
 
+def counted(model) -> list[tf.Variable]:
+    """The model's count of samples as a list: empty where it counts none (not created)."""
+    holder = getattr(model, "_hetgrad_epoch_samples", None)
+    return [holder.var] if holder is not None else []
+
+
 def count_samples(model) -> None:
     """Make each train step record its batch size: for ``weight="samples"`` and for the
     sample-weighted metric average. Idempotent; hetgrad's callbacks call it in ``fit``."""

@@ -141,6 +141,13 @@ def set_plan(optimizer, plan) -> None:
         raise ValueError("a fixed float weight cannot follow a new plan; use weight='plan'")
 
 
+def start_plan(optimizer, plan) -> None:
+    """:func:`set_plan` at a run's start, where a fixed share (the plain average, a float the
+    user gave) is kept as given rather than refused."""
+    if not isinstance(aggregation_of(optimizer).weight, FixedWeight):
+        set_plan(optimizer, plan)
+
+
 def hetgrad_outermost(model) -> bool:
     """If ``model``'s optimizer is a ``LossScaleOptimizer`` around a hetgrad optimizer, compile
     the model again with hetgrad's around a new ``LossScaleOptimizer`` of the same settings;

@@ -18,6 +18,7 @@ from ..aggregate import Aggregation
 from ..reducers import DenseReducer
 from ..runtime import init
 from ..weights import SampleWeight
+from .counting import counted
 from .optimizer import hetgrad_outermost
 
 
@@ -104,7 +105,7 @@ class _restored:
         opt = self.model.optimizer
         compat.build_optimizer(opt, self.model.trainable_variables)
         self.variables = (list(self.model.variables) + compat.optimizer_variables(opt)
-                          + self.extra + _counted(self.model))
+                          + self.extra + counted(self.model))
         self.values = [np.array(v.numpy(), copy=True) for v in self.variables]
         self.history = getattr(self.model, "history", None)
 
@@ -148,12 +149,6 @@ def _alone(agg: Aggregation):
         yield
     finally:
         agg.alone.assign(False)
-
-
-def _counted(model) -> list:
-    """The model's count of samples trained (:mod:`.counting`), if it counts them."""
-    counter = getattr(model, "_hetgrad_epoch_samples", None)
-    return [counter.var] if counter is not None else []
 
 
 class _local_optimizer:
