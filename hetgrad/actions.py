@@ -102,19 +102,20 @@ def _metric(row: dict) -> str:
 
 class Balance(Action):
     """Every epoch: each rank's busy/wait seconds from the aggregation's timer into the row
-    and the rebalancer; a new plan from it (with ``--rebalance``) takes effect at once."""
+    and the rebalancer; a new plan from it (with ``--rebalance``) takes effect at once. An
+    epoch that traced the step (the aggregation counts its traces) is recorded, not acted on."""
 
     def __init__(self, rebalancer, verbose: bool):
         self.rebalancer, self.verbose = rebalancer, verbose
+        self.epoch, self.traces = None, 0   # the aggregation's trace count at its start
 
     def callbacks(self, job):
         timer = job.aggregation.timer
         return [keras.callbacks.LambdaCallback(on_epoch_begin=lambda e, logs: timer.start())]
 
     def on_epoch_begin(self, job, epoch):
-        # the training step already traced (the probe ran it; an earlier fit): the epoch's
-        # timings are the ranks' speeds, not a trace's
-        self.rebalancer.traced |= getattr(job.model, "train_function", None) is not None
+        if epoch != self.epoch:   # (not again for the rest of a split epoch)
+            self.epoch, self.traces = epoch, job.aggregation.traces
 
     def on_split(self, job, epoch, row):   # the fit's timings (the choice's exchange time)
         row.update(zip(("busy_s", "wait_s"), job.aggregation.timer.read()))
@@ -123,7 +124,8 @@ class Balance(Action):
         self.on_split(job, epoch, row)
         if job.progress.stopped_at_step or job.progress.first_step:
             return   # a partial epoch: its timings are not an epoch's
-        new = self.rebalancer.after_epoch(epoch, job.plan, row["busy_s"], row["wait_s"])
+        traced = job.aggregation.traces != self.traces   # its times hold a trace's
+        new = self.rebalancer.after_epoch(epoch, job.plan, row["busy_s"], row["wait_s"], traced)
         if new is job.plan:
             return
         if job.rank == 0 and self.verbose:

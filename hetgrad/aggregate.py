@@ -93,6 +93,7 @@ class Aggregation:
         # a step of this rank alone, nothing exchanged: the probe's (it times training's
         # traced step without the wait for the others, hetgrad._keras.probing)
         self.alone = tf.Variable(False, trainable=False, name="hetgrad_alone")
+        self.traces = 0   # graphs built around :meth:`exchange` (a step traced: Python runs)
 
     @property
     def check_finite(self) -> bool:
@@ -149,6 +150,7 @@ class Aggregation:
         NaN/Inf on any rank gives NaN everywhere, for a loss scale to skip, before a reducer
         with per-rank state (sparse memory) takes it in); in a step :attr:`alone` (the
         probe's) the ``grads`` themselves, nothing exchanged, checked or timed."""
+        self.traces += not tf.executing_eagerly()
         present = [g for g in grads if g is not None]
         if getattr(self.reducer, "sparse_as_dense", False):   # (both branches give dense)
             present = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g

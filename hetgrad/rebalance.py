@@ -36,7 +36,7 @@ class EpochBalance:
     imbalance: float               # max(busy) / mean(busy) - 1
     batches: list[int]             # the plan used in that epoch
     warmup: bool = False           # it traced the step (a process's first epoch, unless
-    #                                the probe ran the step): measured, never acted on
+    #                                the probe ran the step): recorded, never acted on
     scales: list[float] | None = None    # each rank's model correction after this epoch
     noise: float = 0.0             # typical epoch-to-epoch change of a rank's step time
     predicted_gain: float = 0.0    # old plan's predicted epoch time / the candidate's - 1
@@ -85,9 +85,9 @@ class Rebalancer:
     """Measure every epoch, update each rank's :class:`OnlineModel`, re-plan when it pays.
 
     ``comm`` needs only ``allgather``. ``models``: the probe's step models (None: constant
-    models from the plan's speeds). With ``threshold=None`` it only measures. The first epoch
-    it sees is only recorded, unless :attr:`traced` says the step was traced before it (by
-    the probe, which times training's own step): else it holds the tracing, not the ranks'
+    models from the plan's speeds). With ``threshold=None`` it only measures. An epoch that
+    traced the step (a process's first, unless the probe ran training's own step; one after
+    a change that retraces it) is only recorded: its times hold the tracing, not the ranks'
     speeds.
     """
 
@@ -102,10 +102,11 @@ class Rebalancer:
         self.drop_remainder = drop_remainder
         self.online = [OnlineModel(m) for m in models] if models is not None else None
         self.history: list[EpochBalance] = []
-        self.traced = False   # the step traced before the first epoch recorded
 
-    def after_epoch(self, epoch: int, plan: Plan, busy_s: float, wait_s: float) -> Plan:
-        """Gather every rank's timing for ``epoch`` (0-based) and return the plan for the next."""
+    def after_epoch(self, epoch: int, plan: Plan, busy_s: float, wait_s: float,
+                    traced: bool = False) -> Plan:
+        """Gather every rank's timing for ``epoch`` (0-based) and return the plan for the next
+        (``traced``: the epoch traced the step, so it is only recorded)."""
         rows = self.comm.allgather((float(busy_s), float(wait_s)))
         busy = [max(b, 1e-9) for b, _ in rows]
         step_s = [b / plan.steps_per_epoch for b in busy]
@@ -116,7 +117,7 @@ class Rebalancer:
                                                                            busy)],
                              measured_step_s=step_s, predicted_step_s=self._predicted(plan),
                              imbalance=imbalance(busy),
-                             batches=list(plan.batches), warmup=not (self.history or self.traced))
+                             batches=list(plan.batches), warmup=traced)
         self.history.append(entry)
         if entry.warmup:
             return plan

@@ -37,6 +37,9 @@ def test_probe_plan_shard_on_three_ranks(world3):
     assert res["exact_err"] < 1e-6, res
     assert res["avg_diff"] > 1e-3, res   # Horovod's plain average gives other weights
     assert res["weights_agree"]
+    # the aggregation counts the traces of its step (an epoch's warm-up, hetgrad.actions):
+    # the first fit's, none in a second fit of the same step
+    assert res["traces"][0] == 0 < res["traces"][1] == res["traces"][2], res["traces"]
 
 
 def plan2():

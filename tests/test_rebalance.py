@@ -26,7 +26,7 @@ PLAN = make_plan([1, 1, 1], 96, 1437)  # [32, 32, 32], 479 samples each, 15 step
 
 def test_slow_rank_gets_a_batch_proportional_to_its_measured_speed():
     r = Rebalancer(Gathered([(1.0, 3.0), (4.0, 0.0), (1.0, 3.0)]), threshold=0.1)
-    assert r.after_epoch(1, PLAN, 0.0, 0.0) is PLAN  # the first epoch seen: warm-up only
+    assert r.after_epoch(1, PLAN, 0.0, 0.0, traced=True) is PLAN  # a trace's: recorded only
     assert r.history[0].warmup and not r.history[0].replanned
     new = r.after_epoch(2, PLAN, 0.0, 0.0)
     e = r.history[-1]
@@ -41,26 +41,47 @@ def test_slow_rank_gets_a_batch_proportional_to_its_measured_speed():
 
 def test_a_first_epoch_that_traced_nothing_is_measured_and_acted_on():
     r = Rebalancer(Gathered([(1.0, 3.0), (4.0, 0.0), (1.0, 3.0)]), threshold=0.1)
-    r.traced = True   # the probe ran training's step (hetgrad.actions.Balance)
-    new = r.after_epoch(0, PLAN, 0.0, 0.0)
+    new = r.after_epoch(0, PLAN, 0.0, 0.0)   # (the probe ran training's step)
     assert not r.history[0].warmup and r.history[0].replanned and new.batches[1] in (10, 11)
 
 
 def test_balanced_or_measure_only_keeps_the_plan():
     r = Rebalancer(Gathered([(1.0, 0.1), (1.05, 0.05), (0.98, 0.1)]), threshold=0.1)
-    r.after_epoch(0, PLAN, 0, 0)
+    r.after_epoch(0, PLAN, 0, 0, traced=True)
     assert r.after_epoch(1, PLAN, 0, 0) is PLAN and not r.history[-1].replanned
     watch = Rebalancer(Gathered([(1.0, 3.0), (4.0, 0.0), (1.0, 3.0)]), threshold=None)
-    watch.after_epoch(0, PLAN, 0, 0)
+    watch.after_epoch(0, PLAN, 0, 0, traced=True)
     assert watch.after_epoch(1, PLAN, 0, 0) is PLAN
     assert watch.history[-1].imbalance == pytest.approx(1.0)
 
 
 def test_caps_bound_the_new_plan():
     r = Rebalancer(Gathered([(1.0, 0), (4.0, 0), (1.0, 0)]), threshold=0.1, max_batch=40)
-    r.after_epoch(0, PLAN, 0, 0)
+    r.after_epoch(0, PLAN, 0, 0, traced=True)
     new = r.after_epoch(1, PLAN, 0, 0)
     assert max(new.batches) <= 40 and sum(new.batches) == 96 and new.batches[1] == 16
+
+
+def test_an_epoch_that_traced_the_step_is_only_recorded():
+    """hetgrad.actions.Balance asks the aggregation's trace count: an epoch in which it moved
+    (the first fit's, or a retrace later -- a new input shape) is warm-up, whichever it is;
+    the rest of a split epoch keeps the count of its start."""
+    from types import SimpleNamespace as NS
+
+    from hetgrad.actions import Balance
+    r = Rebalancer(Gathered([(1.0, 3.0), (4.0, 0.0), (1.0, 3.0)]), threshold=None)
+    job = NS(aggregation=NS(traces=0, timer=NS(read=lambda: (1.0, 0.0))), plan=PLAN,
+             progress=NS(stopped_at_step=0, first_step=0), rank=1)
+    balance = Balance(r, verbose=False)
+
+    def epoch(n: int, *traces: int):   # the traces made in each of its fits
+        for t in traces:
+            balance.on_epoch_begin(job, n)
+            job.aggregation.traces += t
+        balance.on_epoch_end(job, n, {})
+
+    epoch(0, 1), epoch(1, 0), epoch(2, 0, 2), epoch(3, 0)   # epoch 2: split, then retraced
+    assert [e.warmup for e in r.history] == [True, False, True, False]
 
 
 def test_imbalance_and_bad_threshold():
@@ -172,10 +193,10 @@ def test_a_small_gain_must_show_twice_a_big_one_acts_at_once():
     even = [(1.0, 0.1)] * 3
     small = [(1.0, 0.1), (1.1, 0.0), (1.0, 0.1)]   # rank 1 10 % slower
     r = Rebalancer(Sequence3([even, even, small, even, small, small]), threshold=0.03)
-    plans = [r.after_epoch(e, PLAN, 0, 0) for e in range(6)]
+    plans = [r.after_epoch(e, PLAN, 0, 0, e == 0) for e in range(6)]
     assert [e.wanted for e in r.history] == [False, False, True, False, True, True]
     assert [e.replanned for e in r.history] == [False] * 5 + [True]  # only when seen twice
     assert plans[-1].batches[1] < 32
     big = [(1.0, 0.5), (2.0, 0.0), (1.0, 0.5)]
     r = Rebalancer(Sequence3([even, even, big]), threshold=0.03)
-    assert [r.after_epoch(e, PLAN, 0, 0) is PLAN for e in range(3)] == [True, True, False]
+    assert [r.after_epoch(e, PLAN, 0, 0, e == 0) is PLAN for e in range(3)] == [True, True, False]

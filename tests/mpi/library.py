@@ -81,9 +81,14 @@ def run() -> dict:
     model = regression(seed=3)
     model.compile(optimizer=hk.DistributedOptimizer(keras.optimizers.SGD(LR), plan=plan),
                   loss="mse")
+    traces = [aggregation_in(model.optimizer).traces]   # of the step around its exchange
     model.fit(hk.shard(x, y, plan, seed=7), epochs=1, steps_per_epoch=plan.steps_per_epoch,
               verbose=0)
     got = model.get_weights()
+    traces.append(aggregation_in(model.optimizer).traces)
+    model.fit(hk.shard(x, y, plan, seed=8), epochs=1, steps_per_epoch=plan.steps_per_epoch,
+              verbose=0)   # the same step again: no trace
+    res["traces"] = [*traces, aggregation_in(model.optimizer).traces]
 
     # ... against one process on the same global batches (every rank's batch of each step)
     ref, avg = regression(seed=3), regression(seed=3)
