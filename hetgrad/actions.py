@@ -107,15 +107,14 @@ class Balance(Action):
 
     def __init__(self, rebalancer, verbose: bool):
         self.rebalancer, self.verbose = rebalancer, verbose
-        self.epoch, self.traces = None, 0   # the aggregation's trace count at its start
+        self.traces = 0   # the aggregation's trace count at the epoch's start
 
     def callbacks(self, job):
         timer = job.aggregation.timer
         return [keras.callbacks.LambdaCallback(on_epoch_begin=lambda e, logs: timer.start())]
 
     def on_epoch_begin(self, job, epoch):
-        if epoch != self.epoch:   # (not again for the rest of a split epoch)
-            self.epoch, self.traces = epoch, job.aggregation.traces
+        self.traces = job.aggregation.traces   # (a split epoch's rest: never recorded)
 
     def on_split(self, job, epoch, row):   # the fit's timings (the choice's exchange time)
         row.update(zip(("busy_s", "wait_s"), job.aggregation.timer.read()))

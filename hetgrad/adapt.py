@@ -167,8 +167,8 @@ class AdaptiveBatch(Action):
         at (the epoch's wall time over its steps: everything a step costs); elsewhere the
         slowest rank's model time of the batch's equal-time plan plus the exchange (the
         slowest rank's wait), scaled by how far that prediction misses at the current batch.
-        An epoch that traced the step (a process's first, unless the probe ran the step) is
-        not a measurement: the models alone."""
+        An epoch that traced the step (a process's first, unless the probe ran the step, or
+        one that traced it anew) is not a measurement: the models alone."""
         now = plan.global_batch
         if not balance.warmup:
             self.measured[now] = row["time_s"] / plan.steps_per_epoch

@@ -150,7 +150,8 @@ class Aggregation:
         NaN/Inf on any rank gives NaN everywhere, for a loss scale to skip, before a reducer
         with per-rank state (sparse memory) takes it in); in a step :attr:`alone` (the
         probe's) the ``grads`` themselves, nothing exchanged, checked or timed."""
-        self.traces += not tf.executing_eagerly()
+        if not tf.executing_eagerly():
+            self.traces += 1
         present = [g for g in grads if g is not None]
         if getattr(self.reducer, "sparse_as_dense", False):   # (both branches give dense)
             present = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g

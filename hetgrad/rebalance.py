@@ -36,7 +36,7 @@ class EpochBalance:
     imbalance: float               # max(busy) / mean(busy) - 1
     batches: list[int]             # the plan used in that epoch
     warmup: bool = False           # it traced the step (a process's first epoch, unless
-    #                                the probe ran the step): recorded, never acted on
+    #                                the probe ran the step, or a retrace): recorded only
     scales: list[float] | None = None    # each rank's model correction after this epoch
     noise: float = 0.0             # typical epoch-to-epoch change of a rank's step time
     predicted_gain: float = 0.0    # old plan's predicted epoch time / the candidate's - 1
@@ -146,7 +146,8 @@ class Rebalancer:
 
     def _decide(self, entry: EpochBalance, plan: Plan) -> Plan:
         """Re-plan when the gain clears the bar, and, below :data:`CONFIRM_BELOW`, did so in
-        the epoch before too (one noisy epoch does not move work; a big change does at once)."""
+        the measured epoch before too (one noisy epoch does not move work; a big change does at
+        once)."""
         models = [m.model() for m in self.online]
         candidate = make_plan(models, plan.global_batch, plan.dataset_size,
                               min_batch=self.min_batch, max_batch=self.max_batch,
@@ -156,7 +157,7 @@ class Rebalancer:
         if self.threshold is None or candidate.batches == plan.batches:
             return plan
         entry.wanted = entry.predicted_gain > max(self.threshold, 2 * entry.noise)
-        before = self.history[-2] if len(self.history) > 1 else None
+        before = next((e for e in reversed(self.history[:-1]) if not e.warmup), None)
         confirmed = before is not None and before.wanted and not before.replanned
         if not entry.wanted or (entry.predicted_gain < CONFIRM_BELOW and not confirmed):
             return plan

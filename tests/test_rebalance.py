@@ -64,8 +64,7 @@ def test_caps_bound_the_new_plan():
 
 def test_an_epoch_that_traced_the_step_is_only_recorded():
     """hetgrad.actions.Balance asks the aggregation's trace count: an epoch in which it moved
-    (the first fit's, or a retrace later -- a new input shape) is warm-up, whichever it is;
-    the rest of a split epoch keeps the count of its start."""
+    (the first fit's, or a retrace later -- a new input signature) is warm-up."""
     from types import SimpleNamespace as NS
 
     from hetgrad.actions import Balance
@@ -73,14 +72,10 @@ def test_an_epoch_that_traced_the_step_is_only_recorded():
     job = NS(aggregation=NS(traces=0, timer=NS(read=lambda: (1.0, 0.0))), plan=PLAN,
              progress=NS(stopped_at_step=0, first_step=0), rank=1)
     balance = Balance(r, verbose=False)
-
-    def epoch(n: int, *traces: int):   # the traces made in each of its fits
-        for t in traces:
-            balance.on_epoch_begin(job, n)
-            job.aggregation.traces += t
-        balance.on_epoch_end(job, n, {})
-
-    epoch(0, 1), epoch(1, 0), epoch(2, 0, 2), epoch(3, 0)   # epoch 2: split, then retraced
+    for epoch, traces in enumerate([1, 0, 2, 0]):
+        balance.on_epoch_begin(job, epoch)
+        job.aggregation.traces += traces
+        balance.on_epoch_end(job, epoch, {})
     assert [e.warmup for e in r.history] == [True, False, True, False]
 
 
@@ -200,3 +195,9 @@ def test_a_small_gain_must_show_twice_a_big_one_acts_at_once():
     big = [(1.0, 0.5), (2.0, 0.0), (1.0, 0.5)]
     r = Rebalancer(Sequence3([even, even, big]), threshold=0.03)
     assert [r.after_epoch(e, PLAN, 0, 0, e == 0) is PLAN for e in range(3)] == [True, True, False]
+    # a warm-up epoch between two that want the small gain (a retrace) does not reset it
+    r = Rebalancer(Sequence3([even, small, small, small]), threshold=0.03)
+    for e, traced in enumerate([False, False, True, False]):
+        r.after_epoch(e, PLAN, 0, 0, traced)
+    assert [(e.wanted, e.replanned) for e in r.history] == [
+        (False, False), (True, False), (False, False), (True, True)]
