@@ -47,7 +47,8 @@ class NonFiniteGradientError(HetgradError):
 
 
 class PeerTimeoutError(HetgradError):
-    """Other ranks did not report in time; ``ranks`` lists them."""
+    """Other ranks did not report in time; ``ranks`` lists them. Raised on rank 0 alone while
+    the others still wait: a caller must end the job (re-raise, or abort), not go on."""
 
     def __init__(self, message: str, *, ranks: list[int], field: str | None = None):
         self.ranks = list(ranks)
