@@ -163,6 +163,8 @@ def summarize(out: Path, target: float) -> list[dict]:
                          else None,
                          "final_accuracy": statistics.mean(r["final_test_accuracy"]
                                                           for r in seeds.values()),
+                         "final_by_seed": {s: r["final_test_accuracy"]
+                                           for s, r in seeds.items()},
                          "batches": {s: [e.get("global_batch") for e in r["epochs"]]
                                      for s, r in seeds.items()}})
     return rows
@@ -195,8 +197,21 @@ def ratios(rows: list[dict], default: str) -> list[dict]:
                             "mean_ratio": statistics.mean(per) if per else None,
                             "mean_ratio_with_probe": statistics.mean(probed) if per else None,
                             "accuracy_diff": arms[arm]["final_accuracy"]
-                            - other["final_accuracy"]})
+                            - other["final_accuracy"],
+                            **paired_difference(arms[arm].get("final_by_seed"),
+                                                other.get("final_by_seed"))})
     return out
+
+
+def paired_difference(mine: dict | None, theirs: dict | None) -> dict:
+    """The final accuracy's difference seed by seed (the seeds both ran): its mean and the
+    standard error of that mean (empty for fewer than 2 common seeds, or older rows)."""
+    seeds = sorted(set(mine or {}) & set(theirs or {}))
+    if len(seeds) < 2:
+        return {}
+    diffs = [mine[s] - theirs[s] for s in seeds]
+    return {"paired_accuracy_diff": statistics.mean(diffs),
+            "paired_accuracy_se": statistics.stdev(diffs) / math.sqrt(len(diffs))}
 
 
 def tables(rows: list[dict], paired: list[dict], target: float) -> str:
@@ -210,13 +225,19 @@ def tables(rows: list[dict], paired: list[dict], target: float) -> str:
                       f"{r['final_accuracy']:.3f}",
                       _batches(r["batches"].get(0))] for r in rows])
     vs = markdown(["scenario", "arm", "vs", "time ratio per seed", "mean",
-                   "mean, the probe added", "final acc diff"],
+                   "mean, the probe added", "final acc diff (paired mean +- SE)"],
                   [[p["scenario"], p.get("arm", "adaptive"), p["versus"],
                     ", ".join(f"{x:.2f}" for x in p["ratios"]),
                     num(p["mean_ratio"], ".2f"), num(p.get("mean_ratio_with_probe"), ".2f"),
-                    f"{100 * p['accuracy_diff']:+.1f} pts"]
-                   for p in paired])
+                    _accuracy(p)] for p in paired])
     return f"Target test accuracy {target}.\n\n{arms}\n\n{vs}\n"
+
+
+def _accuracy(p: dict) -> str:
+    if "paired_accuracy_se" not in p:
+        return f"{100 * p['accuracy_diff']:+.1f} pts"
+    return (f"{100 * p['paired_accuracy_diff']:+.2f} +- "
+            f"{100 * p['paired_accuracy_se']:.2f} pts")
 
 
 def _batches(batches: list | None) -> str:

@@ -228,6 +228,15 @@ def test_time_to_target_is_wall_time_less_evaluation_and_old_records_still_read(
     assert bg.between({"epochs": old, "wall_time_s": 3.9}) == pytest.approx(0.6)
 
 
+def test_the_final_accuracy_is_compared_seed_by_seed():
+    import bench_goodput as bg
+    mine, theirs = {0: 0.95, 1: 0.93, 2: 0.96, 3: 0.5}, {0: 0.94, 1: 0.94, 2: 0.94}
+    got = bg.paired_difference(mine, theirs)   # seed 3 ran one arm only: left out
+    assert got["paired_accuracy_diff"] == pytest.approx(0.01 / 3 * 2)   # (+1, -1, +2) / 3
+    assert got["paired_accuracy_se"] == pytest.approx(0.01 * (7 / 3) ** 0.5 / 3 ** 0.5)
+    assert bg.paired_difference(mine, {0: 0.9}) == {} == bg.paired_difference(None, theirs)
+
+
 def test_a_scenario_mixing_wall_and_fit_times_is_refused(tmp_path):
     import bench_goodput as bg
     for arm, rows in (("adaptive", [{"time_s": 1.0, "elapsed_s": 1.2, "test_accuracy": 0.9}]),
