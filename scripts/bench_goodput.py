@@ -198,20 +198,21 @@ def ratios(rows: list[dict], default: str) -> list[dict]:
                             "mean_ratio_with_probe": statistics.mean(probed) if per else None,
                             "accuracy_diff": arms[arm]["final_accuracy"]
                             - other["final_accuracy"],
-                            **paired_difference(arms[arm].get("final_by_seed"),
-                                                other.get("final_by_seed"))})
+                            "paired_accuracy": paired_difference(
+                                arms[arm].get("final_by_seed"), other.get("final_by_seed")),
+                            "paired_probe_s": paired_difference(
+                                arms[arm]["probe_by_seed"], other["probe_by_seed"])})
     return out
 
 
-def paired_difference(mine: dict | None, theirs: dict | None) -> dict:
-    """The final accuracy's difference seed by seed (the seeds both ran): its mean and the
-    standard error of that mean (empty for fewer than 2 common seeds, or older rows)."""
+def paired_difference(mine: dict | None, theirs: dict | None) -> tuple[float, float] | None:
+    """A figure's difference seed by seed (the seeds both ran): its mean and the standard
+    error of that mean (None for fewer than 2 common seeds, or older rows)."""
     seeds = sorted(set(mine or {}) & set(theirs or {}))
     if len(seeds) < 2:
-        return {}
+        return None
     diffs = [mine[s] - theirs[s] for s in seeds]
-    return {"paired_accuracy_diff": statistics.mean(diffs),
-            "paired_accuracy_se": statistics.stdev(diffs) / math.sqrt(len(diffs))}
+    return statistics.mean(diffs), statistics.stdev(diffs) / math.sqrt(len(diffs))
 
 
 def tables(rows: list[dict], paired: list[dict], target: float) -> str:
@@ -225,19 +226,25 @@ def tables(rows: list[dict], paired: list[dict], target: float) -> str:
                       f"{r['final_accuracy']:.3f}",
                       _batches(r["batches"].get(0))] for r in rows])
     vs = markdown(["scenario", "arm", "vs", "time ratio per seed", "mean",
-                   "mean, the probe added", "final acc diff (paired mean +- SE)"],
+                   "mean, the probe added", "final acc diff (paired mean +- SE)",
+                   "probe diff (s, paired)"],
                   [[p["scenario"], p.get("arm", "adaptive"), p["versus"],
                     ", ".join(f"{x:.2f}" for x in p["ratios"]),
                     num(p["mean_ratio"], ".2f"), num(p.get("mean_ratio_with_probe"), ".2f"),
-                    _accuracy(p)] for p in paired])
+                    _accuracy(p), _plus_minus(p.get("paired_probe_s"), 1, "s")]
+                   for p in paired])
     return f"Target test accuracy {target}.\n\n{arms}\n\n{vs}\n"
 
 
 def _accuracy(p: dict) -> str:
-    if "paired_accuracy_se" not in p:
+    if not p.get("paired_accuracy"):
         return f"{100 * p['accuracy_diff']:+.1f} pts"
-    return (f"{100 * p['paired_accuracy_diff']:+.2f} +- "
-            f"{100 * p['paired_accuracy_se']:.2f} pts")
+    return _plus_minus(p["paired_accuracy"], 100, "pts")
+
+
+def _plus_minus(pair: tuple[float, float] | None, scale: float, unit: str) -> str:
+    """``mean +- SE`` of :func:`paired_difference` in ``unit`` (``-``: none)."""
+    return "-" if not pair else f"{scale * pair[0]:+.2f} +- {scale * pair[1]:.2f} {unit}"
 
 
 def _batches(batches: list | None) -> str:
